@@ -1,0 +1,51 @@
+# llmsre: every target sets itself up; a fresh clone needs only python3 (and apt for tests).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8000
+STAMP := $(VENV)/.installed
+
+.PHONY: setup serve test lint system-deps loadtest gameday demo bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+# torch first: the CPU build lies on local disk; a bare requirement would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Prometheus and nginx are real parts of the tests (Debian packages).
+system-deps:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v nginx >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus nginx >/dev/null; }
+
+serve: $(STAMP)
+	$(BIN)/llmserve --host 127.0.0.1 --port $(PORT)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP) system-deps lint
+	@if ls alerts/*.yml >/dev/null 2>&1; then promtool check rules alerts/*.rules.yml alerts/adapters/*.rules.yml && \
+	  promtool test rules alerts/tests/*.test.yml; fi
+	$(BIN)/python -m pytest -q -m "not slow and not gpu" tests
+
+loadtest: $(STAMP)
+	$(BIN)/locust -f loadgen/chat.py --headless -u 8 -r 4 -t 30s --host http://127.0.0.1:$(PORT) --report-dir reports
+
+gameday: $(STAMP) system-deps
+	$(BIN)/python -m gameday run --all
+
+demo: $(STAMP) system-deps
+	$(BIN)/python -m gameday demo
+
+bench: $(STAMP)
+	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,27 @@
+"""What the engine hands back each step: per-request deltas and finish reasons."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One request's progress in one step (or its final state when `finished`)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str  # incremental detokenized text for new_token_ids (stop strings already cut)
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens served from the prefix cache (first scheduling)
+    num_output_tokens: int  # total generated so far
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    error: str | None = None  # message when finish_reason is ERROR
+    metrics: "object | None" = field(default=None)  # engine.obs.stats.RequestStats when finished

@@ -1,0 +1,68 @@
+"""Token sampling from the last position's logits: greedy, temperature, top-k, top-p, per-request seeds."""
+
+import torch
+
+from engine.core.sequence import Request
+
+
+class Sampler:
+    """Samples one token per row. One host copy (`tolist`) per step: the tokens are needed anyway."""
+
+    def __init__(self, device: torch.device, seed: int):
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+        """logits [num_rows, vocab] -> one token id per row, rows in the order of `requests`."""
+        if all(r.params.temperature == 0.0 for r in requests):
+            return logits.argmax(dim=-1).tolist()
+        return self._sample_mixed(logits.float(), requests)
+
+    def _sample_mixed(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+        greedy = logits.argmax(dim=-1)  # [N]
+        temps = torch.tensor(
+            [r.params.temperature or 1.0 for r in requests], dtype=logits.dtype, device=logits.device
+        )
+        probs_sorted, idx_sorted = self._filtered_sorted_probs(logits / temps[:, None], requests)
+        tokens = greedy.clone()
+        unseeded = [
+            i for i, r in enumerate(requests) if r.params.temperature != 0.0 and r.params.seed is None
+        ]
+        if unseeded:
+            rows = torch.tensor(unseeded, device=logits.device)
+            picks = torch.multinomial(probs_sorted[rows], 1, generator=self.generator).squeeze(1)  # [R]
+            tokens[rows] = idx_sorted[rows].gather(1, picks[:, None]).squeeze(1)
+        for i, request in enumerate(requests):
+            if request.params.temperature == 0.0 or request.params.seed is None:
+                continue
+            pick = torch.multinomial(probs_sorted[i], 1, generator=self._request_generator(request))
+            tokens[i] = idx_sorted[i, pick[0]]
+        return tokens.tolist()
+
+    @staticmethod
+    def _filtered_sorted_probs(
+        logits: torch.Tensor, requests: list[Request]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sorted (descending) probabilities with top-k and top-p applied, and their token ids."""
+        sorted_logits, idx_sorted = logits.sort(dim=-1, descending=True)  # [N, V]
+        vocab = logits.shape[-1]
+        ranks = torch.arange(vocab, device=logits.device)[None, :]  # [1, V]
+        top_k = torch.tensor(
+            [r.params.top_k or vocab for r in requests], device=logits.device
+        )  # [N]
+        sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
+        probs = sorted_logits.softmax(dim=-1)
+        top_p = torch.tensor([r.params.top_p for r in requests], dtype=probs.dtype, device=logits.device)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it
+        # already does (the first token always stays).
+        mass_before = probs.cumsum(dim=-1) - probs
+        probs = probs.masked_fill(mass_before >= top_p[:, None], 0.0)
+        return probs, idx_sorted
+
+    def _request_generator(self, request: Request) -> torch.Generator:
+        if request.generator is None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(request.params.seed)
+            request.generator = generator
+        return request.generator

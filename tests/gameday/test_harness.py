@@ -1,0 +1,163 @@
+"""Harness parts against the real programs: process groups, nginx proxying a stream, Prometheus."""
+
+import http.server
+import re
+import shutil
+import socket
+import socketserver
+import sys
+import threading
+import time
+
+import pytest
+
+from gameday import drill
+from gameday.errors import ProcessDiedError
+from gameday.nginx import GatewayConfig, start_gateway
+from gameday.procs import ProcSpec, Supervisor, free_port, wait_http_ok
+from gameday.prom import PromConfig, start_prometheus
+
+needs_nginx = pytest.mark.skipif(shutil.which("nginx") is None and not shutil.os.path.exists("/usr/sbin/nginx"),
+                                 reason="nginx not installed (make system-deps)")
+needs_prom = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
+
+
+class _StreamUpstream(http.server.BaseHTTPRequestHandler):
+    """Sends chunk 0, waits for the test's go-ahead (or stalls), then chunk 1 and the end."""
+
+    protocol_version = "HTTP/1.1"
+    release = threading.Event()
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._chunk(b"data: 0\n\n")
+        self.release.wait(timeout=10)
+        self._chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def upstream():
+    _StreamUpstream.release = threading.Event()
+    srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _StreamUpstream)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    _StreamUpstream.release.set()
+    srv.shutdown()
+    srv.server_close()
+
+
+def _raw_get(port: int, path: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n".encode())
+    return sock
+
+
+def _read_until(sock: socket.socket, marker: bytes) -> bytes:
+    data = b""
+    while marker not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _gone_or_zombie(pid: int) -> bool:
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except FileNotFoundError:
+        return True
+    return re.search(r"^State:\s+Z", status, re.M) is not None
+
+
+def test_supervisor_kills_the_whole_process_group(tmp_path):
+    script = "import subprocess, time; print(subprocess.Popen(['sleep', '300']).pid, flush=True); time.sleep(300)"
+    log = tmp_path / "p.log"
+    with Supervisor() as sup:
+        proc = sup.start(ProcSpec(name="parent", argv=[sys.executable, "-c", script], log_path=log))
+        while not log.read_text().strip():
+            time.sleep(0.05)
+        grandchild = int(log.read_text())
+    assert not proc.alive()
+    time.sleep(0.2)
+    assert _gone_or_zombie(grandchild)  # the grandchild `sleep` got the group's signal too
+
+
+def test_wait_reports_a_dead_child_with_its_log(tmp_path):
+    with Supervisor() as sup:
+        proc = sup.start(ProcSpec(name="dies", argv=[sys.executable, "-c", "print('boom'); raise SystemExit(3)"],
+                                  log_path=tmp_path / "d.log"))
+        with pytest.raises(ProcessDiedError, match=r"dies exited with code 3 .*\n.*boom"):
+            wait_http_ok(f"http://127.0.0.1:{free_port()}/", proc, timeout_s=20)
+
+
+@needs_nginx
+def test_nginx_proxies_a_stream_unbuffered_and_logs_upstreaminfo(tmp_path, upstream):
+    up_addr = f"127.0.0.1:{upstream.server_address[1]}"
+    port = free_port()
+    with Supervisor() as sup:
+        start_gateway(sup, GatewayConfig(upstreams=[up_addr], listen_port=port), tmp_path / "prefix", tmp_path / "logs")
+        sock = _raw_get(port, "/v1/chat/completions")
+        # The upstream holds chunk 1 until released: chunk 0 arriving first proves no buffering.
+        head = _read_until(sock, b"data: 0")
+        assert b"data: 0" in head and b"[DONE]" not in head
+        _StreamUpstream.release.set()
+        assert b"data: [DONE]" in _read_until(sock, b"[DONE]")
+        sock.close()
+        time.sleep(0.2)
+    line = (tmp_path / "logs" / "access.log").read_text().splitlines()[-1]
+    match = re.fullmatch(
+        r'127\.0\.0\.1 - - \[[^\]]+\] "GET /v1/chat/completions HTTP/1\.1" 200 (\d+) "-" "-" \d+ ([\d.]+) '
+        r"\[llm-engine\] \[\] (\S+) \d+ ([\d.]+) 200 [0-9a-f]{32}", line)
+    assert match, line
+    assert match.group(3) == up_addr
+    assert "proxy_buffering off;" in (tmp_path / "logs" / "nginx.conf").read_text()
+
+
+@needs_nginx
+def test_nginx_read_timeout_logs_the_real_error_line(tmp_path, upstream):
+    port = free_port()
+    cfg = GatewayConfig(upstreams=[f"127.0.0.1:{upstream.server_address[1]}"], listen_port=port,
+                        proxy_read_timeout_s=0.5)
+    with Supervisor() as sup:
+        start_gateway(sup, cfg, tmp_path / "prefix", tmp_path / "logs")
+        sock = _raw_get(port, "/stall")
+        body = _read_until(sock, b"\r\n0\r\n\r\n")  # never comes: nginx cuts the stream
+        sock.close()
+        time.sleep(0.2)
+    assert b"data: 0" in body and b"[DONE]" not in body
+    errors = (tmp_path / "logs" / "error.log").read_text()
+    assert "upstream timed out (110: Connection timed out) while reading upstream" in errors
+    assert 'request: "GET /stall HTTP/1.1"' in errors
+
+
+@needs_prom
+def test_prometheus_loads_drill_rules_and_fires_engine_down(tmp_path):
+    src = tmp_path / "down.rules.yml"
+    src.write_text(
+        "groups:\n- name: t\n  rules:\n  - alert: LLMEngineDown\n    expr: up{job=\"llm-engine\"} == 0\n"
+        "    for: 2m\n    labels: {severity: critical}\n")
+    rules = drill.write_drill_copies([src], tmp_path / "drill")
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens: up == 0
+    cfg = PromConfig(listen_port=free_port(), engine_targets=[dead], rule_files=rules)
+    with Supervisor() as sup:
+        _, client = start_prometheus(sup, cfg, tmp_path / "tsdb", tmp_path / "logs")
+        (group,) = client.rule_groups()
+        assert group["rules"][0]["duration"] == 2.0  # 2m / 60
+        deadline = time.monotonic() + 30
+        while not [a for a in client.alerts() if a.state == "firing"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        (alert,) = client.alerts()
+    assert (alert.name, alert.state, alert.labels["instance"]) == ("LLMEngineDown", "firing", dead)

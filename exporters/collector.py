@@ -1,0 +1,203 @@
+"""The prometheus_client Collector: reads NVML at every scrape, one GPU or one field failing never fails it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import Metric
+
+from exporters.families import Families
+from exporters.fields import DEVICE_FIELDS, PROCESS_FIELD, Field, Sample
+from exporters.nvml import ErrorKind, NvmlSession, classify, error_text
+from exporters.xid import XidWatcher
+
+log = logging.getLogger("llm-gpu-exporter")
+
+
+@dataclass(slots=True, frozen=True)
+class GpuIdentity:
+    index: int
+    uuid: str
+    name: str
+
+    @property
+    def labels(self) -> tuple[str, str, str]:
+        return (str(self.index), self.uuid, self.name)
+
+
+@dataclass(slots=True)
+class CollectorStat:
+    duration_s: float = 0.0
+    success: bool = True
+
+
+@dataclass(slots=True)
+class ScrapeResult:
+    """What one pass over the GPUs produced, committed to the families only if NVML stayed up."""
+    samples: list[tuple[GpuIdentity, Sample]] = field(default_factory=list)
+    gpu_up: dict[str, tuple[GpuIdentity, bool]] = field(default_factory=dict)  # uuid or "#index" -> state
+
+
+class NvmlGoneError(Exception):
+    """The library or driver went away during the scrape."""
+
+
+class GpuLostError(Exception):
+    """One GPU stopped answering during the scrape."""
+
+
+class GpuCollector:
+    """Custom collector: register with a CollectorRegistry; `collect()` runs at every scrape."""
+
+    def __init__(self, session: NvmlSession, xid: XidWatcher | None = None, process_metrics: bool = True,
+                 timer: Callable[[], float] = time.perf_counter):
+        self._session = session
+        self._xid = xid
+        self._fields: tuple[Field, ...] = DEVICE_FIELDS + ((PROCESS_FIELD,) if process_metrics else ())
+        self._timer = timer
+        self._known: dict[str, GpuIdentity] = {}  # uuid -> last identity: a vanished GPU stays visible, down
+        self._absent: set[tuple[str, str]] = set()  # (uuid, field key) NotSupported in this NVML generation
+        self._absent_generation = 0
+        self._logged: set[tuple[str, str, str]] = set()
+
+    def collect(self) -> Iterator[Metric]:
+        families = Families()
+        stats: dict[str, CollectorStat] = {"nvml": CollectorStat()}
+        start = self._timer()
+        generation = self._session.generation
+        result = ScrapeResult()
+        if self._session.ensure_up():
+            generation = self._session.generation
+            try:
+                result = self._collect_gpus(stats)
+            except NvmlGoneError as exc:
+                self._session.mark_down(str(exc), generation)
+                result = ScrapeResult()
+        stats["nvml"].success = self._session.up
+        stats["nvml"].duration_s = self._timer() - start - sum(s.duration_s for s in stats.values())
+        self._add_gpus(families, result)
+        self._add_health(families, stats)
+        self._add_xid(families)
+        yield from families
+
+    def _collect_gpus(self, stats: dict[str, CollectorStat]) -> ScrapeResult:
+        nvml = self._session.nvml
+        if self._absent_generation != self._session.generation:
+            self._absent.clear()
+            self._absent_generation = self._session.generation
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            raise NvmlGoneError(f"nvmlDeviceGetCount: {error_text(exc)}") from exc
+        result = ScrapeResult()
+        for index in range(count):
+            self._collect_gpu(index, result, stats)
+        return result
+
+    def _collect_gpu(self, index: int, result: ScrapeResult, stats: dict[str, CollectorStat]) -> None:
+        nvml = self._session.nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            gpu = GpuIdentity(index, str(nvml.nvmlDeviceGetUUID(handle)), str(nvml.nvmlDeviceGetName(handle)))
+        except nvml.NVMLError as exc:
+            self._raise_if_gone(exc, f"GPU {index} handle")
+            gpu = self._identity_at(index)
+            if classify(nvml, exc) is ErrorKind.GPU_LOST:
+                self._gpu_lost(gpu, f"GPU {index} handle: {error_text(exc)}", result)
+            else:  # e.g. NoPermission: a GPU this container may not use is not ours to report
+                self._log_once(gpu, "handle", error_text(exc))
+            return
+        samples: list[tuple[GpuIdentity, Sample]] = []
+        try:
+            for f in self._fields:
+                samples.extend((gpu, s) for s in self._read_field(f, gpu, handle, stats))
+        except GpuLostError as exc:
+            self._gpu_lost(gpu, str(exc), result)  # partial readings of a lost GPU are dropped
+            return
+        result.samples.extend(samples)
+        result.gpu_up[gpu.uuid] = (gpu, True)
+        self._known[gpu.uuid] = gpu
+
+    def _read_field(self, f: Field, gpu: GpuIdentity, handle: object,
+                    stats: dict[str, CollectorStat]) -> list[Sample]:
+        nvml = self._session.nvml
+        if (gpu.uuid, f.key) in self._absent:
+            return []
+        stat = stats.setdefault(f.collector, CollectorStat())
+        start = self._timer()
+        try:
+            return f.read(nvml, handle)
+        except nvml.NVMLError as exc:
+            self._raise_if_gone(exc, f"GPU {gpu.index} {f.key}")
+            kind = classify(nvml, exc)
+            if kind is ErrorKind.ABSENT:
+                self._absent.add((gpu.uuid, f.key))
+                return []
+            stat.success = False
+            if kind is ErrorKind.GPU_LOST:
+                raise GpuLostError(f"GPU {gpu.index} ({gpu.uuid}) {f.key}: {error_text(exc)}") from exc
+            self._log_once(gpu, f.key, error_text(exc))
+        except Exception as exc:  # noqa: BLE001 - one odd value or binding quirk must not fail the scrape
+            stat.success = False
+            self._log_once(gpu, f.key, f"{type(exc).__name__}: {exc}")
+        finally:
+            stat.duration_s += self._timer() - start
+        return []
+
+    def _raise_if_gone(self, exc: BaseException, where: str) -> None:
+        if classify(self._session.nvml, exc) is ErrorKind.NVML_GONE:
+            raise NvmlGoneError(f"{where}: {error_text(exc)}") from exc
+
+    def _gpu_lost(self, gpu: GpuIdentity, reason: str, result: ScrapeResult) -> None:
+        log.error("GPU lost: %s; marking it down and re-initialising NVML", reason)
+        result.gpu_up[gpu.uuid or f"#{gpu.index}"] = (gpu, False)
+        self._session.request_reinit(reason, self._session.generation)
+
+    def _identity_at(self, index: int) -> GpuIdentity:
+        """Labels for a GPU that cannot be asked its UUID: the last one seen at this index."""
+        for gpu in self._known.values():
+            if gpu.index == index:
+                return gpu
+        return GpuIdentity(index, "", "")
+
+    def _log_once(self, gpu: GpuIdentity, key: str, text: str) -> None:
+        if (gpu.uuid, key, text) not in self._logged:
+            self._logged.add((gpu.uuid, key, text))
+            log.warning("GPU %d (%s) %s unreadable: %s; omitted", gpu.index, gpu.uuid, key, text)
+
+    def _add_gpus(self, families: Families, result: ScrapeResult) -> None:
+        states = dict(result.gpu_up)
+        for uuid, gpu in self._known.items():  # known GPUs missing from this scrape are down
+            states.setdefault(uuid, (gpu, False))
+        for gpu, up in sorted(states.values(), key=lambda state: (state[0].index, state[0].uuid)):
+            families.add("llm_gpu_up", gpu.labels, 1.0 if up else 0.0)
+        for gpu, (name, extra, value) in result.samples:
+            families.add(name, gpu.labels + extra, value)
+
+    def _add_health(self, families: Families, stats: dict[str, CollectorStat]) -> None:
+        session = self._session
+        families.add("llm_gpu_nvml_up", (), 1.0 if session.up else 0.0)
+        if session.up:
+            versions = session.versions
+            families.add("llm_gpu_nvml_info", tuple(versions.get(k, "") for k in
+                                                    ("driver_version", "nvml_version", "cuda_driver_version")), 1.0)
+        num_ok = session.num_init_attempts - session.num_init_failures
+        families.add("llm_gpu_nvml_init_attempts_total", ("success",), float(num_ok))
+        families.add("llm_gpu_nvml_init_attempts_total", ("failure",), float(session.num_init_failures))
+        for name, stat in stats.items():
+            families.add("llm_gpu_collector_success", (name,), 1.0 if stat.success else 0.0)
+            families.add("llm_gpu_collector_duration_seconds", (name,), max(stat.duration_s, 0.0))
+
+    def _add_xid(self, families: Families) -> None:
+        if self._xid is None:
+            return
+        start = self._timer()
+        for record in self._xid.records():
+            labels = record.gpu_labels + (str(record.xid),)
+            families.add("llm_gpu_xid_errors_total", labels, float(record.count))
+            families.add("llm_gpu_xid_last_seen_timestamp_seconds", labels, record.last_seen_ts)
+        families.add("llm_gpu_collector_success", ("xid",), 1.0 if self._xid.healthy else 0.0)
+        families.add("llm_gpu_collector_duration_seconds", ("xid",), self._timer() - start)

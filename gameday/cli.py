@@ -1,0 +1,100 @@
+"""`python -m gameday list | run NAME... | run --all | demo`: reproduce incidents end to end.
+
+Each scenario starts llmserve, nginx, Prometheus (with drill copies of the shipped rules: every
+duration divided by 60) and Locust on loopback ports, injects its fault, checks the alert, its
+runbook and llmtriage's first finding, and tears everything down.
+
+Examples:
+    python -m gameday list
+    python -m gameday run kv-pressure
+    python -m gameday run --all --report-dir gameday-reports
+    python -m gameday demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gameday.errors import GamedayError, UnknownScenarioError
+from gameday.procs import install_signal_handlers
+from gameday.scenarios import SCENARIOS, get_scenario
+from gameday.stack import REPO_ROOT
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gameday", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the scenarios")
+    run = sub.add_parser("run", help="run scenarios by name, or --all")
+    run.add_argument("names", nargs="*", help="scenario names (see list)")
+    run.add_argument("--all", action="store_true", help="run every scenario")
+    run.add_argument("--ci", action="store_true", help="run the fast subset that make test runs")
+    run.add_argument("--report-dir", type=Path, default=REPO_ROOT / "gameday-reports",
+                     help="parent folder of the reports (default: gameday-reports/)")
+    demo = sub.add_parser("demo", help="the newcomer's tour: one incident, its alert, runbook and triage")
+    demo.add_argument("--report-dir", type=Path, default=REPO_ROOT / "gameday-reports")
+    return parser
+
+
+def _list() -> int:
+    width = max(len(s.name) for s in SCENARIOS)
+    for s in SCENARIOS:
+        alerts = " + ".join(" or ".join(g) for g in s.expected_alerts) or "none"
+        finding = s.expected_finding or "none"
+        if s.expected_cause:
+            finding += f" ({s.expected_cause})"
+        print(f"{s.name:<{width}}  {s.summary}\n{'':<{width}}  alert: {alerts}; first finding: {finding}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gameday.runner import run_scenario
+
+    if args.all or args.ci:
+        if args.names:
+            raise UnknownScenarioError("give scenario names or --all/--ci, not both")
+        scenarios = [s for s in SCENARIOS if s.ci or args.all]
+    elif args.names:
+        scenarios = [get_scenario(name) for name in args.names]
+    else:
+        raise UnknownScenarioError("run needs scenario names or --all (see: python -m gameday list)")
+    root = args.report_dir / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    failed = []
+    for scenario in scenarios:
+        print(f"[gameday] {scenario.name}: {scenario.summary}", file=sys.stderr, flush=True)
+        result = run_scenario(scenario, root)
+        status = "PASS" if result.passed else "FAIL"
+        print(f"{status} {result.name} {result.duration_s:.0f}s alerts={result.alerts_firing} "
+              f"finding={result.first_finding}" + (f"({result.first_cause})" if result.first_cause else ""),
+              flush=True)
+        for failure in result.failures:
+            print(f"    - {failure}", flush=True)
+        if not result.passed:
+            failed.append(result.name)
+    print(f"reports: {root}", file=sys.stderr)
+    print(json.dumps({"scenarios": len(scenarios), "passed": len(scenarios) - len(failed), "failed": failed}))
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    install_signal_handlers()
+    try:
+        if args.command == "list":
+            return _list()
+        if args.command == "demo":
+            from gameday.demo import run_demo
+
+            return run_demo(args.report_dir)
+        return _run(args)
+    except GamedayError as exc:
+        print(f"gameday: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gameday: interrupted; everything started was stopped", file=sys.stderr)
+        return 130

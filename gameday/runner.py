@@ -1,0 +1,141 @@
+"""Run one scenario end to end: bring the stack up, load it, inject faults, check, tear down."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gameday import verdict
+from gameday.checks import AlertWatcher, run_triage
+from gameday.errors import GamedayError
+from gameday.load import start_phase
+from gameday.scenarios import Scenario
+from gameday.stack import (
+    Stack,
+    new_stack,
+    start_engine,
+    start_gateway_and_prometheus,
+    wait_engine_exit,
+    wait_engines_ready,
+)
+
+LOAD_GRACE_S = 60.0  # Locust's own stop plus report writing, beyond the phase's run time
+
+
+@dataclass(slots=True)
+class RunLog:
+    """What happened during a run, for the checks and the report."""
+
+    events: list[dict] = field(default_factory=list)
+    killed_at_epoch: float | None = None
+    killed_addr: str | None = None
+
+    def add(self, start_ts: float, what: str) -> None:
+        self.events.append({"t_s": round(time.monotonic() - start_ts, 1),
+                            "at": datetime.now(UTC).isoformat(timespec="milliseconds"), "what": what})
+
+
+@dataclass(slots=True)
+class ScenarioResult:
+    name: str
+    passed: bool
+    duration_s: float
+    failures: list[str]
+    alerts_firing: list[str]
+    first_finding: str | None
+    first_cause: str | None
+    report_dir: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _bring_up(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) -> None:
+    for index in range(scenario.num_replicas):
+        start_engine(stack, index, scenario.engine_flags)
+    if scenario.engine_starts:
+        wait_engines_ready(stack)
+        log.add(start_ts, f"engines ready: {', '.join(stack.engine_addrs)}")
+    else:
+        code = wait_engine_exit(stack.engines[0])
+        log.add(start_ts, f"engine-0 refused to start, exit code {code}")
+    start_gateway_and_prometheus(stack, scenario.proxy_read_timeout_s, scenario.proxy_buffering)
+    log.add(start_ts, f"nginx on {stack.gateway_url}, Prometheus on {stack.prom_url}")
+    if stack.prom is not None and scenario.engine_starts:
+        stack.prom.wait_scraped("llm-engine", scenario.num_replicas)
+
+
+def _run_load(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) -> None:
+    load_start = time.monotonic()
+    pending = sorted(scenario.faults, key=lambda f: f.at_s)
+    for index, phase in enumerate(scenario.phases):
+        proc = start_phase(stack.sup, phase, index, stack.gateway_url, stack.report_dir)
+        log.add(start_ts, f"load phase {index}: {phase.profile}, {phase.users} users, {phase.run_time_s}s")
+        deadline = time.monotonic() + phase.run_time_s + LOAD_GRACE_S
+        while proc.alive():
+            if pending and time.monotonic() - load_start >= pending[0].at_s:
+                _inject(stack, pending.pop(0), start_ts, log)
+            if time.monotonic() > deadline:
+                proc.stop()
+                raise GamedayError(f"load phase {index} ({phase.profile}) did not stop within its run time")
+            time.sleep(0.2)
+        log.add(start_ts, f"load phase {index} ended, locust exit code {proc.returncode}")
+
+
+def _inject(stack: Stack, fault, start_ts: float, log: RunLog) -> None:
+    if fault.kind != "kill-replica":
+        raise GamedayError(f"unknown fault kind {fault.kind!r}")
+    proc = stack.engines[fault.replica]
+    proc.signal(signal.SIGKILL)
+    log.killed_at_epoch = time.time()
+    log.killed_addr = stack.engine_addrs[fault.replica]
+    log.add(start_ts, f"SIGKILL engine-{fault.replica} ({log.killed_addr})")
+
+
+def run_scenario(scenario: Scenario, report_root: Path) -> ScenarioResult:
+    """Run one scenario; never raises for a failed check or a harness problem (both become failures)."""
+    start_ts = time.monotonic()
+    report_dir = report_root / scenario.name
+    stack = new_stack(report_dir)
+    log = RunLog()
+    failures: list[str] = []
+    notes: list[str] = []
+    watcher: AlertWatcher | None = None
+    triage = None
+    try:
+        _bring_up(stack, scenario, start_ts, log)
+        assert stack.prom is not None
+        watcher = AlertWatcher(stack.prom, start_ts)
+        watcher.start()
+        _run_load(stack, scenario, start_ts, log)
+        if scenario.expected_alerts:
+            watcher.wait_for(scenario.expected_alerts, scenario.alert_wait_s)
+        else:
+            time.sleep(scenario.settle_s)
+        watcher.poll()
+        log.add(start_ts, "alerts checked; running llmtriage")
+        triage = run_triage(stack.logs_dir, stack.prom_url, report_dir)
+        failures += verdict.check(scenario, stack, watcher, triage, log, notes)
+    except GamedayError as exc:
+        failures.append(f"harness: {exc}")
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        stack.close()
+    result = ScenarioResult(
+        name=scenario.name, passed=not failures, duration_s=round(time.monotonic() - start_ts, 1),
+        failures=failures, alerts_firing=sorted(watcher.firing_names()) if watcher else [],
+        first_finding=(triage.first or {}).get("id") if triage else None,
+        first_cause=(triage.first or {}).get("cause") if triage else None,
+        report_dir=str(report_dir), notes=notes)
+    _write_report(report_dir, result, watcher, log)
+    return result
+
+
+def _write_report(report_dir: Path, result: ScenarioResult, watcher: AlertWatcher | None, log: RunLog) -> None:
+    alerts = watcher.to_json() if watcher else []
+    (report_dir / "alerts.json").write_text(json.dumps(alerts, indent=2) + "\n")
+    doc = {**asdict(result), "timeline": log.events, "prometheus_poll_errors": watcher.errors if watcher else []}
+    (report_dir / "result.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -1,0 +1,116 @@
+"""The game-day scenarios, declared as data: what to start, which load, what must be seen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gameday.errors import UnknownScenarioError
+
+
+@dataclass(slots=True)
+class LoadPhase:
+    """One headless Locust run of loadgen/chat.py."""
+
+    profile: str
+    users: int
+    run_time_s: int
+    spawn_rate: float = 10.0
+    extra_args: list[str] = field(default_factory=list)  # loadgen flags (--max-tokens, --rate ...)
+
+
+@dataclass(slots=True)
+class Fault:
+    """An action the harness itself takes during the load (not an llmserve flag)."""
+
+    kind: str  # "kill-replica": SIGKILL engine replica `replica`
+    at_s: float  # seconds after the load started
+    replica: int = 0
+
+
+@dataclass(slots=True)
+class Scenario:
+    name: str
+    summary: str
+    engine_flags: list[str] = field(default_factory=list)
+    num_replicas: int = 1
+    proxy_read_timeout_s: float = 60.0
+    proxy_buffering: bool = False
+    phases: list[LoadPhase] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    # Each inner list is one expectation met by any of its alerts ("A or B").
+    expected_alerts: list[list[str]] = field(default_factory=list)
+    expected_finding: str | None = None  # None: triage must report status ok
+    expected_cause: str | None = None
+    engine_starts: bool = True  # False: llmserve must refuse to start (the fault is the config)
+    alert_wait_s: float = 40.0  # after the load, how long to wait for the expected alerts
+    settle_s: float = 4.0  # healthy runs: how long to keep watching after the load (nothing fires)
+    ci: bool = False  # part of the fast subset in make test
+
+
+# Default prompt and answer sizes keep a CPU step short; the scenario flags make the fault.
+_STEADY = ["--max-tokens", "32", "--prompt-tokens", "64"]
+
+SCENARIOS: list[Scenario] = [
+    Scenario(
+        name="healthy", summary="steady load well within capacity: nothing fires, triage finds nothing",
+        phases=[LoadPhase("steady", users=2, run_time_s=15, extra_args=_STEADY)], ci=True),
+    Scenario(
+        name="kv-pressure", summary="a tiny KV budget (24 blocks of 16 tokens) under 8 concurrent streams",
+        engine_flags=["--num-kv-blocks", "24", "--block-size", "16", "--max-model-len", "384"],
+        phases=[LoadPhase("steady", users=8, run_time_s=25,
+                          extra_args=["--max-tokens", "96", "--prompt-tokens", "96"])],
+        expected_alerts=[["LLMKVCacheNearlyFull"], ["LLMPreemptionsHigh"]],
+        expected_finding="kv-preemption", ci=True),
+    Scenario(
+        name="kv-capacity-startup", summary="max_model_len 4096 but a KV budget of 8 blocks: llmserve refuses to start",
+        engine_flags=["--max-model-len", "4096", "--num-kv-blocks", "8", "--block-size", "16"],
+        engine_starts=False, expected_alerts=[["LLMEngineDown"]], expected_finding="oom-kv-capacity"),
+    Scenario(
+        name="overload", summary="open-loop arrivals far beyond what 2 sequences at a time can serve",
+        engine_flags=["--max-num-seqs", "2", "--fault-step-delay-s", "0.02"],
+        phases=[LoadPhase("poisson", users=32, run_time_s=30,
+                          extra_args=["--rate", "8", "--max-concurrency", "32", *_STEADY])],
+        expected_alerts=[["LLMQueueBacklog"], ["LLMTTFTSLOBurn"]], expected_finding="queue-backlog"),
+    Scenario(
+        name="gateway-timeout", summary="nginx proxy_read_timeout 2s while queued streams wait longer for a token",
+        engine_flags=["--max-num-seqs", "1", "--fault-step-delay-s", "0.02"], proxy_read_timeout_s=2.0,
+        phases=[LoadPhase("steady", users=6, run_time_s=25, extra_args=["--max-tokens", "128", "--prompt-tokens", "64"])],
+        expected_alerts=[["LLMStreamAbortsHigh", "LLMErrorRateHigh"]], expected_finding="stream-cut-gateway-timeout"),
+    Scenario(
+        name="client-abort", summary="clients cancel their streams after a few tokens",
+        phases=[LoadPhase("abort", users=4, run_time_s=20, extra_args=["--max-tokens", "128", "--prompt-tokens", "64"])],
+        expected_alerts=[["LLMStreamAbortsHigh"]], expected_finding="stream-cut-client-disconnect", ci=True),
+    Scenario(
+        name="proxy-buffering", summary="nginx proxy_buffering on: the engine is healthy, clients see tokens late",
+        proxy_buffering=True,
+        phases=[LoadPhase("steady", users=2, run_time_s=15, extra_args=["--max-tokens", "64", "--prompt-tokens", "64"])],
+        expected_finding="stream-cut-proxy-buffering"),
+    Scenario(
+        name="dynamic-prefix", summary="a shared system prompt, then a timestamp at the start of every prompt",
+        phases=[LoadPhase("shared-prefix", users=2, run_time_s=30, extra_args=_STEADY),
+                LoadPhase("dynamic-prefix", users=2, run_time_s=30, extra_args=_STEADY)],
+        expected_alerts=[["LLMPrefixCacheHitRateLow"]], expected_finding="cache-miss", expected_cause="dynamic-prefix"),
+    Scenario(
+        name="engine-crash", summary="the engine loop dies after 20 finished requests and the process exits",
+        engine_flags=["--fault-crash-after-requests", "20"],
+        phases=[LoadPhase("steady", users=4, run_time_s=20, extra_args=_STEADY)],
+        expected_alerts=[["LLMEngineDown"]], expected_finding="engine-crash", ci=True),
+    Scenario(
+        name="runtime-oom", summary="CUDA out-of-memory raised in the forward pass after 10 requests, engine stays up",
+        engine_flags=["--fault-oom-after-requests", "10"],
+        phases=[LoadPhase("steady", users=4, run_time_s=20, extra_args=_STEADY)],
+        expected_alerts=[["LLMErrorRateHigh"]], expected_finding="oom-runtime"),
+    Scenario(
+        name="replica-down", summary="two replicas behind nginx, one killed mid-load; traffic continues",
+        num_replicas=2, faults=[Fault("kill-replica", at_s=8.0, replica=1)],
+        phases=[LoadPhase("steady", users=4, run_time_s=20, extra_args=_STEADY)],
+        expected_alerts=[["LLMEngineDown"]], expected_finding="engine-crash"),
+]
+
+
+def get_scenario(name: str) -> Scenario:
+    for scenario in SCENARIOS:
+        if scenario.name == name:
+            return scenario
+    names = ", ".join(s.name for s in SCENARIOS)
+    raise UnknownScenarioError(f"unknown scenario {name!r}; known: {names}")

@@ -1,0 +1,100 @@
+"""The verdict of one scenario: every expectation of its table row, as failure messages."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+
+from gameday.checks import AlertWatcher, TriageResult, runbook_file
+from gameday.scenarios import Scenario
+from gameday.stack import Stack
+
+# ingress-nginx upstreaminfo, as written by gameday.nginx
+_ACCESS = re.compile(
+    r'^\S+ - \S+ \[(?P<time>[^\]]+)\] "(?P<request>[^"]*)" (?P<status>\d{3}) (?P<bytes>\d+) "[^"]*" "[^"]*" '
+    r"\d+ (?P<request_time>[\d.]+) \[[^\]]*\] \[[^\]]*\] (?P<upstream>\S+(?:, \S+)*) ")
+
+
+def check(scenario: Scenario, stack: Stack, watcher: AlertWatcher, triage: TriageResult,
+          log, notes: list[str]) -> list[str]:
+    failures = check_alerts(scenario, watcher)
+    failures += check_triage(scenario, triage)
+    if scenario.faults:
+        failures += check_replica_down(stack, watcher, log, notes)
+    return failures
+
+
+def check_alerts(scenario: Scenario, watcher: AlertWatcher) -> list[str]:
+    """(a) each expected alert fired, with a runbook that resolves; (c) nothing else fired."""
+    failures = []
+    firing = watcher.firing()
+    names = {a.name for a in firing}
+    for group in scenario.expected_alerts:
+        if not names.intersection(group):
+            seen = sorted({a.name for a in watcher.seen.values()} - names)
+            failures.append(f"alert {' or '.join(group)} never fired (pending only: {seen or 'none'})")
+    expected = {name for group in scenario.expected_alerts for name in group}
+    for alert in firing:
+        if alert.name not in expected:
+            failures.append(f"unexpected alert fired: {alert.name} on {alert.instance or '-'} at +{alert.first_firing_s}s")
+            continue
+        url = alert.annotations.get("runbook_url", "")
+        if not url:
+            failures.append(f"{alert.name}: no runbook_url annotation")
+        elif runbook_file(url) is None:
+            failures.append(f"{alert.name}: runbook_url {url} names no file in runbooks/")
+    return failures
+
+
+def check_triage(scenario: Scenario, triage: TriageResult) -> list[str]:
+    """(b) llmtriage names the expected finding first (and its cause), or nothing for a healthy run."""
+    if triage.doc is None:
+        return [f"llmtriage gave no JSON (exit {triage.exit_code}): {triage.stderr.strip()[-300:]}"]
+    ids = triage.finding_ids
+    if scenario.expected_finding is None:
+        if ids or triage.doc.get("status") != "ok":
+            return [f"llmtriage should find nothing; found {ids} (status {triage.doc.get('status')})"]
+        return []
+    if not ids:
+        return [f"llmtriage found nothing; expected {scenario.expected_finding} first"]
+    first = triage.first or {}
+    failures = []
+    if ids[0] != scenario.expected_finding:
+        failures.append(f"llmtriage first finding is {ids[0]}, expected {scenario.expected_finding} (all: {ids})")
+    elif scenario.expected_cause and first.get("cause") != scenario.expected_cause:
+        failures.append(f"llmtriage {ids[0]} cause is {first.get('cause')}, expected {scenario.expected_cause}")
+    return failures
+
+
+def parse_access_log(path: Path) -> list[dict]:
+    """Access-log records: epoch time, status, request_time, upstream address."""
+    records = []
+    if not path.exists():
+        return records
+    for line in path.read_text(errors="replace").splitlines():
+        match = _ACCESS.match(line)
+        if match is None:
+            continue
+        ts = datetime.strptime(match["time"], "%d/%b/%Y:%H:%M:%S %z").timestamp()
+        records.append({"epoch": ts, "status": int(match["status"]), "upstream": match["upstream"],
+                        "request_time": float(match["request_time"]), "bytes": int(match["bytes"])})
+    return records
+
+
+def check_replica_down(stack: Stack, watcher: AlertWatcher, log, notes: list[str]) -> list[str]:
+    """LLMEngineDown only for the killed replica, and the survivor kept answering after the kill."""
+    if log.killed_addr is None or log.killed_at_epoch is None:
+        return ["the replica kill was never injected (load ended first?)"]
+    failures = []
+    down = {a.instance for a in watcher.firing() if a.name == "LLMEngineDown"}
+    if down and down != {log.killed_addr}:
+        failures.append(f"LLMEngineDown fired for {sorted(down)}, expected only {log.killed_addr}")
+    survivor = [addr for addr in stack.engine_addrs if addr != log.killed_addr]
+    after = [r for r in parse_access_log(stack.logs_dir / "nginx" / "access.log")
+             if r["epoch"] >= int(log.killed_at_epoch) + 1]
+    served = [r for r in after if r["status"] == 200 and r["upstream"].split(", ")[-1] in survivor]
+    notes.append(f"after the kill: {len(after)} requests at the gateway, {len(served)} answered 200 by {survivor}")
+    if not served:
+        failures.append("traffic did not continue: no 200 from the surviving replica after the kill")
+    return failures

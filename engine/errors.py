@@ -46,3 +46,11 @@ class ModelLoadError(EngineError):
 
 class OutOfMemoryError(EngineError):
     """Weights alone exceed the memory budget at load time."""
+
+
+class ConfigError(EngineError):
+    """An engine setting that cannot work (bad dtype, max_model_len beyond the model's limit)."""
+
+
+class FatalEngineError(EngineError):
+    """The step loop cannot go on (an injected crash, a broken invariant): the engine is dead."""

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+from engine.core.faults import FaultConfig
+
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -20,3 +22,4 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
     log_stats: bool = True
+    faults: FaultConfig | None = None  # test-only fault injection (CONTRACTS section 6)

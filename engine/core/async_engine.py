@@ -1,0 +1,197 @@
+"""AsyncEngine: the step loop in its own thread, asyncio consumers fed through per-request queues.
+
+Threads: asyncio callers never touch the LLMEngine. `generate` validates in the caller's thread
+(pure checks), then queues an "add" under a small lock; the step thread applies queued adds and
+aborts between steps, runs `step()`, and hands each output to its consumer's event loop with
+`loop.call_soon_threadsafe`. With nothing to do the step thread sleeps on a threading.Event.
+"""
+
+import asyncio
+import logging
+import threading
+import traceback
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from engine import errors
+from engine.core.engine import LLMEngine, StepResult
+from engine.core.outputs import RequestOutput
+from engine.core.sampling import SamplingParams
+from engine.obs.stats import StepStats
+
+logger = logging.getLogger(__name__)
+
+StepListener = Callable[[StepStats | None, list[RequestOutput]], None]
+ErrorListener = Callable[[BaseException, str, list[str]], None]
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+@dataclass(slots=True)
+class _PendingAdd:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_ts: float
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, max_queue_len: int | None = None):
+        self.engine = engine
+        self.max_queue_len = max_queue_len
+        self.is_dead = False
+        self.dead_error: BaseException | None = None
+        self._lock = threading.Lock()  # guards _pending and _streams
+        self._pending: list[_PendingAdd | str] = []  # adds, and request ids to abort
+        self._streams: dict[str, _Stream] = {}
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._step_listeners: list[StepListener] = []
+        self._error_listeners: list[ErrorListener] = []
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self.is_dead
+
+    def add_step_listener(self, fn: StepListener) -> None:
+        self._step_listeners.append(fn)
+
+    def add_error_listener(self, fn: ErrorListener) -> None:
+        self._error_listeners.append(fn)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="llm-engine-step", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop; requests still in flight finish with ABORT."""
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    async def generate(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_ts: float | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield each step's delta for the request; the last has finished=True and metrics."""
+        self._check_alive()
+        self.engine.validate_request(prompt_token_ids, params)
+        arrival_ts = self.engine.clock() if arrival_ts is None else arrival_ts
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            self._check_alive()
+            if request_id in self._streams:
+                raise errors.InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
+            num_pending = sum(isinstance(p, _PendingAdd) for p in self._pending)
+            if self.max_queue_len is not None and self.engine.num_waiting + num_pending >= self.max_queue_len:
+                raise errors.QueueFullError(
+                    f"The waiting queue is full ({self.max_queue_len} requests); retry later"
+                )
+            self._streams[request_id] = _Stream(asyncio.get_running_loop(), queue)
+            self._pending.append(_PendingAdd(request_id, list(prompt_token_ids), params, arrival_ts))
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:  # the consumer went away (cancelled, closed): free the blocks now
+                self.abort(request_id)
+            with self._lock:
+                self._streams.pop(request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._pending.append(request_id)
+        self._wake.set()
+
+    def _check_alive(self) -> None:
+        if self.is_dead:
+            raise errors.EngineDeadError(f"the engine loop is dead: {self.dead_error}")
+
+    # ---- the step thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop:
+                self._wake.clear()
+                self._apply_pending()
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait()
+                    continue
+                result = self.engine.step()
+                self._dispatch(result)
+                if self.engine.fatal_error is not None:
+                    raise self.engine.fatal_error
+            self._abort_all()
+        except BaseException as exc:  # noqa: BLE001 - anything escaping a step kills the loop visibly
+            self._die(exc, traceback.format_exc())
+
+    def _apply_pending(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for item in pending:
+            if isinstance(item, str):
+                self.engine.abort_request(item)
+                continue
+            try:
+                self.engine.add_request(item.request_id, item.prompt_token_ids, item.params, item.arrival_ts)
+            except errors.EngineError as exc:
+                self._deliver(item.request_id, exc)
+
+    def _dispatch(self, result: StepResult) -> None:
+        for output in result.outputs:
+            self._deliver(output.request_id, output)
+        for listener in self._step_listeners:
+            try:
+                listener(result.stats, result.outputs)
+            except Exception:  # noqa: BLE001 - a sink must never stop the engine
+                logger.exception("step listener failed")
+        if result.error is not None:
+            self._notify_error(result.error.exc, result.error.traceback, result.error.request_ids)
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        with self._lock:
+            stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:  # the consumer's event loop is closed
+            pass
+
+    def _notify_error(self, exc: BaseException, tb: str, request_ids: list[str]) -> None:
+        for listener in self._error_listeners:
+            try:
+                listener(exc, tb, request_ids)
+            except Exception:  # noqa: BLE001
+                logger.exception("error listener failed")
+
+    def _abort_all(self) -> None:
+        for request_id in list(self.engine.requests):
+            self.engine.abort_request(request_id)
+        self._dispatch(self.engine.step())
+
+    def _die(self, exc: BaseException, tb: str) -> None:
+        self.dead_error = exc
+        self.is_dead = True
+        outputs = self.engine.fail_all(f"EngineDeadError: {type(exc).__name__}: {exc}")
+        self._notify_error(exc, tb, [o.request_id for o in outputs])
+        for output in outputs:
+            self._deliver(output.request_id, output)
+        with self._lock:
+            pending, self._pending = self._pending, []
+            waiting_ids = [p.request_id for p in pending if isinstance(p, _PendingAdd)]
+        for request_id in waiting_ids:
+            self._deliver(request_id, errors.EngineDeadError(f"the engine loop is dead: {exc}"))

@@ -113,7 +113,6 @@ class TriageResult:
     exit_code: int
     doc: dict | None
     stderr: str
-    argv: list[str]
 
     @property
     def finding_ids(self) -> list[str]:
@@ -125,20 +124,24 @@ class TriageResult:
         return findings[0] if findings else None
 
 
-def run_triage(logs_dir: Path, prom_url: str, out_dir: Path) -> TriageResult:
-    """llmtriage diagnose <logs> --prometheus URL --format json; output kept in the report."""
-    argv = [*python_entry("triage.cli"), "diagnose", str(logs_dir), "--prometheus", prom_url, "--format", "json"]
+def _triage(logs_dir: Path, prom_url: str, fmt: str) -> subprocess.CompletedProcess:
+    argv = [*python_entry("triage.cli"), "diagnose", str(logs_dir), "--prometheus", prom_url, "--format", fmt]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=TRIAGE_TIMEOUT_S,
+                          env={**os.environ, **child_env()}, cwd=REPO_ROOT)
+
+
+def run_triage(logs_dir: Path, prom_url: str, out_dir: Path, also_text: bool = False) -> TriageResult:
+    """llmtriage diagnose <logs> --prometheus URL --format json (and text); outputs kept in the report."""
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=TRIAGE_TIMEOUT_S,
-                                env={**os.environ, **child_env()}, cwd=REPO_ROOT)
+        result = _triage(logs_dir, prom_url, "json")
+        if also_text:
+            (out_dir / "triage.txt").write_text(_triage(logs_dir, prom_url, "text").stdout)
     except subprocess.TimeoutExpired:
-        return TriageResult(exit_code=124, doc=None, stderr=f"llmtriage timed out after {TRIAGE_TIMEOUT_S:.0f}s",
-                            argv=argv)
+        return TriageResult(exit_code=124, doc=None, stderr=f"llmtriage timed out after {TRIAGE_TIMEOUT_S:.0f}s")
     (out_dir / "triage.json").write_text(result.stdout)
     (out_dir / "triage.stderr.txt").write_text(result.stderr)
     try:
         doc = json.loads(result.stdout)
     except ValueError:
         doc = None
-    return TriageResult(exit_code=result.returncode, doc=doc, stderr=result.stderr[-2000:], argv=argv)
-
+    return TriageResult(exit_code=result.returncode, doc=doc, stderr=result.stderr[-2000:])

@@ -33,10 +33,13 @@ class RunLog:
     events: list[dict] = field(default_factory=list)
     killed_at_epoch: float | None = None
     killed_addr: str | None = None
+    echo: bool = False  # the demo narrates each step as it happens
 
     def add(self, start_ts: float, what: str) -> None:
-        self.events.append({"t_s": round(time.monotonic() - start_ts, 1),
-                            "at": datetime.now(UTC).isoformat(timespec="milliseconds"), "what": what})
+        t_s = round(time.monotonic() - start_ts, 1)
+        self.events.append({"t_s": t_s, "at": datetime.now(UTC).isoformat(timespec="milliseconds"), "what": what})
+        if self.echo:
+            print(f"  [{t_s:5.1f}s] {what}", flush=True)
 
 
 @dataclass(slots=True)
@@ -94,12 +97,12 @@ def _inject(stack: Stack, fault, start_ts: float, log: RunLog) -> None:
     log.add(start_ts, f"SIGKILL engine-{fault.replica} ({log.killed_addr})")
 
 
-def run_scenario(scenario: Scenario, report_root: Path) -> ScenarioResult:
+def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> ScenarioResult:
     """Run one scenario; never raises for a failed check or a harness problem (both become failures)."""
     start_ts = time.monotonic()
     report_dir = report_root / scenario.name
     stack = new_stack(report_dir)
-    log = RunLog()
+    log = RunLog(echo=echo)
     failures: list[str] = []
     notes: list[str] = []
     watcher: AlertWatcher | None = None
@@ -116,7 +119,7 @@ def run_scenario(scenario: Scenario, report_root: Path) -> ScenarioResult:
             time.sleep(scenario.settle_s)
         watcher.poll()
         log.add(start_ts, "alerts checked; running llmtriage")
-        triage = run_triage(stack.logs_dir, stack.prom_url, report_dir)
+        triage = run_triage(stack.logs_dir, stack.prom_url, report_dir, also_text=echo)
         failures += verdict.check(scenario, stack, watcher, triage, log, notes)
     except GamedayError as exc:
         failures.append(f"harness: {exc}")

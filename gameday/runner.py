@@ -9,12 +9,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gameday import verdict
+from gameday import dashboards, verdict
 from gameday.checks import AlertWatcher, run_triage
 from gameday.errors import GamedayError
 from gameday.load import start_phase
 from gameday.scenarios import Scenario
 from gameday.stack import (
+    REPO_ROOT,
     Stack,
     new_stack,
     start_engine,
@@ -121,6 +122,8 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
         log.add(start_ts, "alerts checked; running llmtriage")
         triage = run_triage(stack.logs_dir, stack.prom_url, report_dir, also_text=echo)
         failures += verdict.check(scenario, stack, watcher, triage, log, notes)
+        if scenario.probe_dashboards:
+            _probe_dashboards(stack, notes)
     except GamedayError as exc:
         failures.append(f"harness: {exc}")
     finally:
@@ -135,6 +138,14 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
         report_dir=str(report_dir), notes=notes)
     _write_report(report_dir, result, watcher, log)
     return result
+
+
+def _probe_dashboards(stack: Stack, notes: list[str]) -> None:
+    queries = dashboards.panel_queries(REPO_ROOT / "dashboards")
+    assert stack.prom is not None
+    results = dashboards.probe(stack.prom, queries)
+    (stack.report_dir / "dashboards.json").write_text(json.dumps(results, indent=2) + "\n")
+    notes.append(f"dashboard panel queries with data: {sum(results.values())}/{len(results)}")
 
 
 def _write_report(report_dir: Path, result: ScenarioResult, watcher: AlertWatcher | None, log: RunLog) -> None:

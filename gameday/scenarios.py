@@ -45,6 +45,7 @@ class Scenario:
     alert_wait_s: float = 40.0  # after the load, how long to wait for the expected alerts
     settle_s: float = 4.0  # healthy runs: how long to keep watching after the load (nothing fires)
     ci: bool = False  # part of the fast subset in make test
+    probe_dashboards: bool = False  # run every dashboard panel query at the end (dashboards.json)
 
 
 # Default prompt and answer sizes keep a CPU step short; the scenario flags make the fault.
@@ -53,14 +54,14 @@ _STEADY = ["--max-tokens", "32", "--prompt-tokens", "64"]
 SCENARIOS: list[Scenario] = [
     Scenario(
         name="healthy", summary="steady load well within capacity: nothing fires, triage finds nothing",
-        phases=[LoadPhase("steady", users=2, run_time_s=15, extra_args=_STEADY)], ci=True),
+        phases=[LoadPhase("steady", users=2, run_time_s=15, extra_args=_STEADY)], ci=True, probe_dashboards=True),
     Scenario(
         name="kv-pressure", summary="a tiny KV budget (24 blocks of 16 tokens) under 8 concurrent streams",
         engine_flags=["--num-kv-blocks", "24", "--block-size", "16", "--max-model-len", "384"],
         phases=[LoadPhase("steady", users=8, run_time_s=25,
                           extra_args=["--max-tokens", "96", "--prompt-tokens", "96"])],
         expected_alerts=[["LLMKVCacheNearlyFull"], ["LLMPreemptionsHigh"]],
-        expected_finding="kv-preemption", ci=True),
+        expected_finding="kv-preemption", ci=True, probe_dashboards=True),
     Scenario(
         name="kv-capacity-startup", summary="max_model_len 4096 but a KV budget of 8 blocks: llmserve refuses to start",
         engine_flags=["--max-model-len", "4096", "--num-kv-blocks", "8", "--block-size", "16"],

@@ -107,13 +107,17 @@ class NvmlSession:
             return self.up
 
     def request_reinit(self, reason: str, generation: int) -> None:
-        """A GPU was lost: shut down and re-init at the next ensure_up(), once.
+        """A GPU was lost: shut down and re-init at the next ensure_up(), at most once per retry interval.
 
         `generation` is the one the caller's handles came from; a stale caller changes nothing.
         """
         with self._lock:
-            if self.up and generation == self.generation and self._reinit_reason is None:
-                self._reinit_reason = reason
+            if not self.up or generation != self.generation or self._reinit_reason is not None:
+                return
+            if not self._retry_due():  # a GPU that stays lost must not re-init NVML at every scrape
+                log.debug("re-init after %r deferred: last init under %gs ago", reason, self.retry_interval_s)
+                return
+            self._reinit_reason = reason
 
     def mark_down(self, reason: str, generation: int) -> None:
         """The library or driver went away mid-use: down now, first retry at the next ensure_up()."""

@@ -3,11 +3,14 @@
 import http.server
 import re
 import shutil
+import signal
 import socket
 import socketserver
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +164,25 @@ def test_prometheus_loads_drill_rules_and_fires_engine_down(tmp_path):
             time.sleep(0.5)
         (alert,) = client.alerts()
     assert (alert.name, alert.state, alert.labels["instance"]) == ("LLMEngineDown", "firing", dead)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_harness_stops_its_children(tmp_path, signum):
+    """Ctrl-C (SIGINT) or SIGTERM to the harness: the with-block still stops every child."""
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from gameday.procs import ProcSpec, Supervisor, install_signal_handlers\n"
+        "install_signal_handlers()\n"
+        "with Supervisor() as sup:\n"
+        f"    p = sup.start(ProcSpec(name='s', argv=['sleep', '300'], log_path=Path({str(tmp_path)!r}) / 's.log'))\n"
+        "    print(p.pid, flush=True)\n"
+        "    time.sleep(300)\n"
+    )
+    harness = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                               cwd=Path(__file__).resolve().parents[2])
+    child = int(harness.stdout.readline())
+    harness.send_signal(signum)
+    assert harness.wait(timeout=20) != 0
+    time.sleep(0.2)
+    assert _gone_or_zombie(child)

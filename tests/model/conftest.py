@@ -87,3 +87,8 @@ def load(folder: Path, **kwargs) -> LoadedModel:
 def llama_ckpt(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
     folder = tmp_path_factory.mktemp("tiny-llama")
     return folder, write_checkpoint(folder, "llama", seed=1, rope_theta=5000.0)
+
+
+@pytest.fixture(scope="session")
+def builtin() -> LoadedModel:
+    return load_model(EngineConfig())

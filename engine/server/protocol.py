@@ -1,0 +1,105 @@
+"""Pydantic request models of the OpenAI API subset we serve, and the response bodies we build."""
+
+import time
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool | None = False
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by both endpoints; vLLM's extras ignore_eos and top_k included."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None  # vLLM: -1 or 0 disables
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Field(ge=1, le=1)] | None = 1
+    ignore_eos: bool | None = False
+    user: str | None = None
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[
+        list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    echo: bool | None = False
+
+
+def usage(num_prompt: int, num_completion: int, num_cached: int) -> dict:
+    return {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": num_completion,
+        "total_tokens": num_prompt + num_completion,
+        "prompt_tokens_details": {"cached_tokens": num_cached},
+    }
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+def chat_response(rid: str, model: str, created: int, text: str, finish: str, usage_body: dict) -> dict:
+    return {
+        "id": rid, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                     "logprobs": None, "finish_reason": finish}],
+        "usage": usage_body,
+    }
+
+
+def chat_chunk(rid: str, model: str, created: int, delta: dict | None, finish: str | None,
+               usage_body: dict | None = None) -> dict:
+    choices = [] if delta is None else [
+        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": choices}
+    if usage_body is not None:
+        body["usage"] = usage_body
+    return body
+
+
+def completion_response(rid: str, model: str, created: int, text: str, finish: str | None,
+                        usage_body: dict | None, with_choice: bool = True) -> dict:
+    """Streamed and non-streamed completions share this shape (a null finish_reason mid-stream)."""
+    choices = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}] if with_choice else []
+    body = {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices}
+    if usage_body is not None:
+        body["usage"] = usage_body
+    return body
+
+
+def model_list(model: str, created: int) -> dict:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
+                                        "owned_by": "llmsre"}]}

@@ -1,0 +1,76 @@
+"""Server state shared by the routes: the engine, the sinks, live requests, readiness and draining."""
+
+import time
+from dataclasses import dataclass, field
+
+from engine.obs.events import RequestEventSink
+from engine.obs.logs import EventLogger
+from engine.obs.metrics import PrometheusSink
+from engine.obs.tracing import RequestTracer
+
+MiB = 1 << 20
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    """Server-side settings (the engine has its own EngineConfig)."""
+
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_queue_len: int | None = None
+    request_timeout_s: float | None = None
+    drain_timeout_s: float = 30.0
+    max_body_bytes: int = 4 * MiB
+    log_prompts: bool = False
+    stats_interval_s: float = 10.0
+
+
+class AbortReason:
+    CLIENT_DISCONNECT = "client_disconnect"
+    TIMEOUT = "timeout"
+    DRAIN = "drain"
+
+
+@dataclass(slots=True)
+class LiveRequest:
+    request_id: str
+    start_ts: float
+    stream: bool
+    tokens_sent: int = 0
+    abort_reason: str | None = None
+
+
+@dataclass(slots=True)
+class ServerState:
+    engine: object  # engine.core.async_engine.AsyncEngine
+    config: ServerConfig
+    log: EventLogger
+    metrics: PrometheusSink | None = None
+    events: RequestEventSink | None = None
+    tracer: RequestTracer | None = None
+    model_name: str = "builtin"
+    created: int = field(default_factory=lambda: int(time.time()))
+    live: dict[str, LiveRequest] = field(default_factory=dict)
+    draining: bool = False
+    num_drained: int = 0
+    num_drain_aborted: int = 0
+    fatal: bool = False
+    on_fatal: object | None = None  # set by the runner: called (any thread) when the engine dies
+
+    @property
+    def llm(self):
+        """The synchronous LLMEngine under the AsyncEngine (tokenizer, limits, counters)."""
+        return self.engine.engine
+
+    def is_ready(self) -> bool:
+        return bool(self.engine.is_running) and not self.engine.is_dead and not self.draining
+
+    def abort(self, request_id: str, reason: str) -> None:
+        """Abort a live request in the engine (its blocks are freed at once) and log why."""
+        live = self.live.get(request_id)
+        if live is None or live.abort_reason is not None:
+            return
+        live.abort_reason = reason
+        self.engine.abort(request_id)
+        self.log.emit("request.aborted", "warning", request_id, reason=reason,
+                      tokens_sent=live.tokens_sent, elapsed_s=time.monotonic() - live.start_ts)

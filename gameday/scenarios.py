@@ -49,7 +49,7 @@ class Scenario:
 
 
 # Default prompt and answer sizes keep a CPU step short; the scenario flags make the fault.
-_STEADY = ["--max-tokens", "32", "--prompt-tokens", "64"]
+_STEADY = ["--output-tokens", "32", "--prompt-tokens", "64"]
 
 SCENARIOS: list[Scenario] = [
     Scenario(
@@ -59,12 +59,12 @@ SCENARIOS: list[Scenario] = [
         name="kv-pressure", summary="a tiny KV budget (24 blocks of 16 tokens) under 8 concurrent streams",
         engine_flags=["--num-kv-blocks", "24", "--block-size", "16", "--max-model-len", "384"],
         phases=[LoadPhase("steady", users=8, run_time_s=25,
-                          extra_args=["--max-tokens", "96", "--prompt-tokens", "96"])],
+                          extra_args=["--output-tokens", "96", "--prompt-tokens", "96"])],
         expected_alerts=[["LLMKVCacheNearlyFull"], ["LLMPreemptionsHigh"]],
         expected_finding="kv-preemption", ci=True, probe_dashboards=True),
     Scenario(
-        name="kv-capacity-startup", summary="max_model_len 4096 but a KV budget of 8 blocks: llmserve refuses to start",
-        engine_flags=["--max-model-len", "4096", "--num-kv-blocks", "8", "--block-size", "16"],
+        name="kv-capacity-startup", summary="max_model_len 4096 needs 32 MiB of KV cache, the budget is 16 MiB: llmserve refuses to start",
+        engine_flags=["--max-model-len", "4096", "--kv-cache-memory", "16MiB"],
         engine_starts=False, expected_alerts=[["LLMEngineDown"]], expected_finding="oom-kv-capacity"),
     Scenario(
         name="overload", summary="open-loop arrivals far beyond what 2 sequences at a time can serve",
@@ -75,16 +75,16 @@ SCENARIOS: list[Scenario] = [
     Scenario(
         name="gateway-timeout", summary="nginx proxy_read_timeout 2s while queued streams wait longer for a token",
         engine_flags=["--max-num-seqs", "1", "--fault-step-delay-s", "0.02"], proxy_read_timeout_s=2.0,
-        phases=[LoadPhase("steady", users=6, run_time_s=25, extra_args=["--max-tokens", "128", "--prompt-tokens", "64"])],
+        phases=[LoadPhase("steady", users=6, run_time_s=25, extra_args=["--output-tokens", "128", "--prompt-tokens", "64"])],
         expected_alerts=[["LLMStreamAbortsHigh", "LLMErrorRateHigh"]], expected_finding="stream-cut-gateway-timeout"),
     Scenario(
         name="client-abort", summary="clients cancel their streams after a few tokens",
-        phases=[LoadPhase("abort", users=4, run_time_s=20, extra_args=["--max-tokens", "128", "--prompt-tokens", "64"])],
+        phases=[LoadPhase("abort", users=4, run_time_s=20, extra_args=["--output-tokens", "128", "--prompt-tokens", "64"])],
         expected_alerts=[["LLMStreamAbortsHigh"]], expected_finding="stream-cut-client-disconnect", ci=True),
     Scenario(
         name="proxy-buffering", summary="nginx proxy_buffering on: the engine is healthy, clients see tokens late",
         proxy_buffering=True,
-        phases=[LoadPhase("steady", users=2, run_time_s=15, extra_args=["--max-tokens", "64", "--prompt-tokens", "64"])],
+        phases=[LoadPhase("steady", users=2, run_time_s=15, extra_args=["--output-tokens", "64", "--prompt-tokens", "64"])],
         expected_finding="stream-cut-proxy-buffering"),
     Scenario(
         name="dynamic-prefix", summary="a shared system prompt, then a timestamp at the start of every prompt",

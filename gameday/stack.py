@@ -56,9 +56,13 @@ class Stack:
 
 def start_engine(stack: Stack, index: int, flags: list[str]) -> Proc:
     port = free_port()
-    argv = [*python_entry("engine.server.cli"), "--host", "127.0.0.1", "--port", str(port), *flags]
-    log_path = stack.logs_dir / f"engine-{index}.log"
-    proc = stack.sup.start(ProcSpec(name=f"engine-{index}", argv=argv, log_path=log_path,
+    # JSON log lines go to logs/ (what triage reads); stdout/stderr (tracebacks before logging is
+    # set up) to procs/.
+    stack.logs_dir.mkdir(parents=True, exist_ok=True)
+    argv = [*python_entry("engine.server.cli"), "--host", "127.0.0.1", "--port", str(port),
+            "--log-file", str(stack.logs_dir / f"engine-{index}.log"), *flags]
+    out_path = stack.report_dir / "procs" / f"engine-{index}.out"
+    proc = stack.sup.start(ProcSpec(name=f"engine-{index}", argv=argv, log_path=out_path,
                                     env=child_env(), cwd=REPO_ROOT))
     stack.engines.append(proc)
     stack.engine_addrs.append(f"127.0.0.1:{port}")

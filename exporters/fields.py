@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exporters.nvml import Nvml
+from exporters.nvml import ErrorKind, Nvml, classify
 
 # (metric name, extra label values after gpu/uuid/name, value)
 Sample = tuple[str, tuple[str, ...], float]
@@ -43,7 +43,20 @@ def _percent_to_ratio(value: int, what: str) -> float:
 
 
 def read_memory(nvml: Nvml, h: object) -> list[Sample]:
-    info = nvml.nvmlDeviceGetMemoryInfo(h)  # bytes
+    """Bytes. The v2 call splits out memory the driver reserves, as nvidia-smi and DCGM do; v1 counts it as used."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            info = nvml.nvmlDeviceGetMemoryInfo(h, version=version)
+        except nvml.NVMLError as exc:
+            if classify(nvml, exc) is not ErrorKind.ABSENT:  # older driver: fall back to v1 below
+                raise
+        else:
+            return [("llm_gpu_memory_used_bytes", (), float(info.used)),
+                    ("llm_gpu_memory_free_bytes", (), float(info.free)),
+                    ("llm_gpu_memory_total_bytes", (), float(info.total)),
+                    ("llm_gpu_memory_reserved_bytes", (), float(info.reserved))]
+    info = nvml.nvmlDeviceGetMemoryInfo(h)
     return [("llm_gpu_memory_used_bytes", (), float(info.used)),
             ("llm_gpu_memory_free_bytes", (), float(info.free)),
             ("llm_gpu_memory_total_bytes", (), float(info.total))]

@@ -16,8 +16,9 @@ class FakeGpu:
     uuid: str
     name: str = "NVIDIA H100 80GB HBM3"
     memory_total: int = 85_520_809_984
+    memory_reserved: int = 536_870_912
     memory_free: int = 4_294_967_296
-    memory_used: int = 81_225_842_688
+    memory_used: int = 80_688_971_776  # total - reserved - free; NVML v1 counts reserved as used
     util_gpu: int = 87
     util_memory: int = 45
     temperature_c: int = 64
@@ -52,7 +53,7 @@ class FakeNvml:
 
     def __init__(self, gpus: list[FakeGpu], library_present: bool = True):
         for name in dir(pynvml):  # constants and error classes, exactly as the binding has them
-            if name.startswith(("NVML_", "NVMLError", "nvmlEventType", "nvmlClocks")):
+            if name.startswith(("NVML_", "NVMLError", "nvmlEventType", "nvmlClocks", "nvmlMemory_v")):
                 setattr(self, name, getattr(pynvml, name))
         self.gpus = gpus
         self.library_present = library_present
@@ -62,6 +63,7 @@ class FakeNvml:
         self.num_shutdown = 0
         self.process_names: dict[int, str] = {}
         self.has_event_reasons = True
+        self.has_memory_v2 = True
         self.event_sets: list[FakeEventSet] = []
         self._lock = threading.Lock()
 
@@ -129,9 +131,15 @@ class FakeNvml:
     def nvmlDeviceGetName(self, h: FakeGpu) -> str:
         return self._dev(h, "nvmlDeviceGetName").name
 
-    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> SimpleNamespace:
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu, version: int | None = None) -> SimpleNamespace:
         g = self._dev(h, "nvmlDeviceGetMemoryInfo")
-        return SimpleNamespace(total=g.memory_total, free=g.memory_free, used=g.memory_used)
+        if version is None:
+            return SimpleNamespace(total=g.memory_total, free=g.memory_free, used=g.memory_total - g.memory_free)
+        assert version == pynvml.nvmlMemory_v2
+        if not self.has_memory_v2:  # a driver older than nvmlDeviceGetMemoryInfo_v2
+            raise pynvml.NVMLError_FunctionNotFound()
+        return SimpleNamespace(version=version, total=g.memory_total, reserved=g.memory_reserved,
+                               free=g.memory_free, used=g.memory_used)
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> SimpleNamespace:
         g = self._dev(h, "nvmlDeviceGetUtilizationRates")

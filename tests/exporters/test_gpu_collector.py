@@ -16,7 +16,8 @@ def test_normal_values_are_converted_to_base_units(rig: Rig) -> None:
     s = rig.scrape()
     expected = {
         "llm_gpu_up": 1.0,
-        "llm_gpu_memory_used_bytes": 81_225_842_688.0,
+        "llm_gpu_memory_used_bytes": 80_688_971_776.0,
+        "llm_gpu_memory_reserved_bytes": 536_870_912.0,
         "llm_gpu_memory_free_bytes": 4_294_967_296.0,
         "llm_gpu_memory_total_bytes": 85_520_809_984.0,
         "llm_gpu_utilization_ratio": 0.87,
@@ -89,6 +90,15 @@ def test_other_field_errors_omit_the_field_and_fail_its_collector(rig: Rig, capl
     assert all(s[gpu_key("llm_gpu_up", i, u)] == 1.0 for i, u in enumerate(UUIDS))
     unreadable = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
     assert len(unreadable) == 2  # logged once each, not once per scrape
+
+
+def test_memory_falls_back_to_v1_on_older_drivers(rig: Rig) -> None:
+    rig.nvml.has_memory_v2 = False
+    s = rig.scrape()
+    assert s[gpu_key("llm_gpu_memory_used_bytes", 0, U0)] == 81_225_842_688.0  # reserved counted as used
+    assert s[gpu_key("llm_gpu_memory_total_bytes", 0, U0)] == 85_520_809_984.0
+    assert "llm_gpu_memory_reserved_bytes" not in names_for_gpu(s, U0)
+    assert s[key("llm_gpu_collector_success", collector="memory")] == 1.0
 
 
 def test_throttle_reasons_fall_back_to_the_older_call(rig: Rig) -> None:
@@ -170,7 +180,7 @@ def test_driver_gone_takes_every_gpu_down_then_recovers(rig: Rig) -> None:
     rig.nvml.driver_loaded = True
     s = rig.scrape()  # first retry comes at once after a loss
     assert s[key("llm_gpu_nvml_up")] == 1.0
-    assert s[gpu_key("llm_gpu_memory_used_bytes", 2, U2)] == 81_225_842_688.0
+    assert s[gpu_key("llm_gpu_memory_used_bytes", 2, U2)] == 80_688_971_776.0
 
 
 def test_library_missing_serves_nvml_down_and_retries_on_interval(caplog) -> None:

@@ -181,9 +181,10 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def num_blocks_needed(self, request: Request, num_new_tokens: int, num_computed_blocks: int = 0) -> int:
-        num_total = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size)
+        """New blocks for `num_new_tokens` more tokens after the computed ones and the cache hits."""
+        num_tokens = request.num_computed_tokens + num_computed_blocks * self.block_size + num_new_tokens
         held = len(self.req_to_blocks.get(request.request_id, ())) + num_computed_blocks
-        return max(0, num_total - held)
+        return max(0, -(-num_tokens // self.block_size) - held)
 
     def can_allocate(
         self, request: Request, num_new_tokens: int, computed_blocks: list[KVCacheBlock] | None = None
@@ -199,7 +200,8 @@ class KVCacheManager:
     ) -> None:
         """Give the request blocks for `num_new_tokens` more tokens (call can_allocate first).
 
-        `request.num_computed_tokens` must already include the cached prefix of `computed_blocks`.
+        `computed_blocks` are prefix-cache hits from get_computed_blocks: they are taken by
+        reference and their tokens added to `request.num_computed_tokens`.
         """
         computed_blocks = computed_blocks or []
         needed = self.num_blocks_needed(request, num_new_tokens, len(computed_blocks))
@@ -207,6 +209,7 @@ class KVCacheManager:
         if computed_blocks:
             self.pool.touch(computed_blocks)
             blocks.extend(computed_blocks)
+            request.num_computed_tokens += len(computed_blocks) * self.block_size
         blocks.extend(self.pool.get_new_blocks(needed))
         if self.enable_caching:
             self._cache_full_blocks(request, request.num_computed_tokens + num_new_tokens)

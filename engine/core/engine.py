@@ -17,9 +17,9 @@ from engine.core.outputs import FinishReason, RequestOutput
 from engine.core.runner import ModelRunner, allocate_kv_caches
 from engine.core.sampler import Sampler
 from engine.core.sampling import SamplingParams
-from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from engine.core.sequence import Request, RequestStatus
-from engine.model.loader import load_model
+from engine.model.loader import LoadedModel, load_model
 from engine.obs.stats import RequestStats, StepStats, prefix_fingerprint
 
 
@@ -40,12 +40,15 @@ class StepResult:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, config: EngineConfig, clock: Callable[[], float] = time.monotonic, *, loaded: LoadedModel | None = None
+    ):
+        """`loaded` reuses an already loaded model (tests, benchmarks); by default config.model is loaded."""
         _check_config(config)
         self.config = config
         self.clock = clock
         self.log_stats = config.log_stats
-        loaded = load_model(config)
+        loaded = load_model(config) if loaded is None else loaded
         self.tokenizer = loaded.tokenizer
         self.model_name = loaded.name
         self.model_digest = loaded.digest
@@ -65,6 +68,8 @@ class LLMEngine:
         self._aborted: list[Request] = []
         self.faults = FaultInjector(config.faults)
         self.fatal_error: errors.FatalEngineError | None = None
+        self._num_prompt_computed = 0  # counters of the current step, reset by _make_stats
+        self._num_generated = 0
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -170,6 +175,9 @@ class LLMEngine:
         now = self.clock()  # after the tokens' host copy, so the forward has really finished
         for item in batch:
             item.request.num_computed_tokens += item.num_new_tokens
+        if self.log_stats:
+            self._num_generated = len(tokens)
+            self._num_prompt_computed = _num_prompt_tokens(batch)
         for i, token in zip(rows, tokens, strict=True):
             outputs.append(self._append_token(batch[i].request, token, now))
         return now - forward_start
@@ -239,14 +247,8 @@ class LLMEngine:
             self.requests[request_id].stats.preemption_ts.append(now)
 
     def _make_stats(self, sched: SchedulerOutput, step_start: float, forward_s: float, ok: bool) -> StepStats:
-        num_prompt_computed = 0
-        num_generated = 0
-        if ok:
-            for item in sched.scheduled:
-                num_prompt = item.request.num_prompt_tokens
-                start = item.num_computed_tokens
-                num_prompt_computed += min(start + item.num_new_tokens, num_prompt) - min(start, num_prompt)
-                num_generated += item.completes_prompt
+        num_prompt_computed, num_generated = (self._num_prompt_computed, self._num_generated) if ok else (0, 0)
+        self._num_prompt_computed = self._num_generated = 0
         return StepStats(
             ts=self.clock(),
             num_running=self.scheduler.num_running,
@@ -265,6 +267,16 @@ class LLMEngine:
             preempted_request_ids=sched.preempted_request_ids,
             scheduled_request_ids=sched.new_request_ids,
         )
+
+
+def _num_prompt_tokens(batch: list[ScheduledRequest]) -> int:
+    """Prompt tokens computed in this batch (recomputed outputs of a resumed request excluded)."""
+    total = 0
+    for item in batch:
+        num_prompt = item.request.num_prompt_tokens
+        start = item.num_computed_tokens
+        total += min(start + item.num_new_tokens, num_prompt) - min(start, num_prompt)
+    return total
 
 
 def _check_config(config: EngineConfig) -> None:

@@ -104,7 +104,6 @@ class Scheduler:
             if not self.kv.can_allocate(request, num_new, computed_blocks):
                 break  # first come, first served: no overtaking the head of the queue
             self.waiting.popleft()
-            request.num_computed_tokens = num_hit
             self.kv.allocate(request, num_new, computed_blocks)
             if request.status is RequestStatus.WAITING:  # first scheduling (not a resume)
                 request.num_cached_tokens = num_hit

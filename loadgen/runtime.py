@@ -1,0 +1,182 @@
+"""Per-process state of a run: config, records, client log, server facts, and the worker-to-master merge.
+
+Workers ship their new records to the master with every stats report (`report_to_master`) and once
+more on stop (a `loadgen_records` message), so the master writes one report over all of them.
+"""
+
+import logging
+import random
+import sys
+import time
+
+import gevent
+from gevent.lock import Semaphore
+from locust.runners import MasterRunner, WorkerRunner
+
+from loadgen.clientlog import ClientLog, ClientLogError
+from loadgen.options import ConfigError, LoadgenConfig, config_from_options
+from loadgen.profiles import ArrivalSchedule
+from loadgen.prompts import Calibration, DatasetError, PromptSettings, load_sharegpt
+from loadgen.records import RequestRecord
+from loadgen.report import ReportError, RunInfo, write_report
+from loadgen.server_info import ServerInfoError, discover_max_model_len, list_models, probe_tokens_per_word
+
+logger = logging.getLogger("loadgen")
+RECORDS_MESSAGE = "loadgen_records"
+LONG_CONTEXT_FILL = 0.9  # long-context prompts take this share of what max_model_len leaves
+
+
+class SetupError(Exception):
+    """The run cannot start: the message is the one line the user sees."""
+
+
+class LoadgenState:
+    def __init__(self, config: LoadgenConfig, environment):
+        self.config = config
+        self.environment = environment
+        self.records: list[RequestRecord] = []
+        self.unsent: list[RequestRecord] = []  # worker: not yet shipped to the master
+        self.model: str | None = config.model
+        self.max_model_len: int | None = config.max_model_len
+        self.calibration = Calibration()
+        self.dataset = load_sharegpt(config.dataset) if config.dataset else None
+        self.log = ClientLog(config.client_log, config.client_log_format) if config.client_log else None
+        self.rng = random.Random(config.seed)
+        self.schedule = ArrivalSchedule(config.rate, random.Random(self.rng.random()), share=self._rate_share)
+        self._resolve_lock = Semaphore()
+        self._resolved = False
+        self._dirty = False
+        self._written = False
+        self.worker_name = "local"
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+
+    def _rate_share(self) -> float:
+        runner = self.environment.runner
+        if isinstance(runner, WorkerRunner):  # users are spread evenly, so is the arrival rate
+            return min(1.0, max(1, runner.user_count) / self.config.max_concurrency)
+        return 1.0
+
+    def resolve(self, host: str) -> None:
+        """Model, max_model_len and tokens per word, once per process; ServerInfoError if unreachable."""
+        with self._resolve_lock:
+            if self._resolved:
+                return
+            if self.model is None:
+                self.model = list_models(host, self.headers)[0]["id"]
+            if self.config.profile == "long-context" and self.max_model_len is None:
+                self.max_model_len = discover_max_model_len(host, self.headers, self.model)
+                if self.max_model_len is None:
+                    raise SetupError(f"long-context: {host} reports no max_model_len in /v1/models or /metrics; "
+                                     "pass --max-model-len")
+            if self.dataset is None:
+                ratio = probe_tokens_per_word(host, self.config.path, self.headers, self.model,
+                                              self.config.endpoint == "chat")
+                if ratio is not None:
+                    self.calibration.tokens_per_word = ratio
+            self._resolved = True
+
+    def prompt_settings(self) -> PromptSettings:
+        cfg = self.config
+        prompt_tokens = cfg.prompt_tokens
+        output_tokens = cfg.output_tokens
+        if cfg.profile == "long-context":
+            output_tokens = output_tokens or 16
+            if self.max_model_len <= output_tokens:
+                raise SetupError(f"long-context: --output-tokens {output_tokens} leaves no room in "
+                                 f"max_model_len {self.max_model_len}")
+            prompt_tokens = max(1, int((self.max_model_len - output_tokens) * LONG_CONTEXT_FILL))
+        return PromptSettings(profile=cfg.profile, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                              prefix_tokens=cfg.prefix_tokens, num_turns=cfg.num_turns, dataset=self.dataset)
+
+    def add(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        self._dirty = True
+        if isinstance(self.environment.runner, WorkerRunner):
+            self.unsent.append(record)
+
+    # --- distributed plumbing -------------------------------------------------------------
+    def take_unsent(self) -> dict:
+        batch, self.unsent = self.unsent, []
+        return {"records": [r.to_dict() for r in batch], "model": self.model,
+                "tokens_per_word": self.calibration.tokens_per_word}
+
+    def merge(self, data: dict) -> None:
+        records = data.get("records") or []
+        self.records.extend(RequestRecord.from_dict(r) for r in records)
+        self.model = self.model or data.get("model")
+        if data.get("tokens_per_word"):
+            self.calibration.tokens_per_word = data["tokens_per_word"]
+        self._dirty = self._dirty or bool(records)
+
+    def reset(self) -> None:
+        self.records, self.unsent, self._dirty, self._written = [], [], False, False
+
+    def write(self, host: str) -> None:
+        """Master or local runner: the report over every record so far (rewritten if more arrive)."""
+        if isinstance(self.environment.runner, WorkerRunner) or (self._written and not self._dirty):
+            return
+        self._dirty, self._written = False, True
+        shared = None
+        if self.config.profile == "shared-prefix":
+            shared = self.calibration.words_for(self.config.prefix_tokens) * self.calibration.tokens_per_word
+        info = RunInfo(profile=self.config.profile, endpoint=self.config.endpoint, host=host, model=self.model,
+                       slo=self.config.slo.as_dict(), block_size=self.config.block_size,
+                       shared_prefix_tokens=shared)
+        try:
+            summary = write_report(self.records, info, self.config.report_dir)
+        except ReportError as exc:
+            logger.error("loadgen: %s", exc)
+            return
+        logger.info("loadgen: report of %d requests (%d ok, %d failed) written to %s", summary["num_requests"],
+                    summary["num_succeeded"], summary["num_failed"], self.config.report_dir)
+
+
+def build_state(environment) -> LoadgenState:
+    """Validate the options into a state; SetupError with one line on any bad input."""
+    try:
+        config = config_from_options(environment.parsed_options)
+        return LoadgenState(config, environment)
+    except (ConfigError, DatasetError, ClientLogError) as exc:
+        raise SetupError(str(exc)) from exc
+
+
+def exit_with(message: str) -> None:
+    """Bad input at start-up: one line on stderr, exit code 2 (no traceback)."""
+    sys.stderr.write(f"loadgen: error: {message}\n")
+    sys.stderr.flush()
+    sys.exit(2)
+
+
+def install_distributed(state_ref, environment) -> None:
+    """Wire the record merge: workers send, the master listens."""
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
+        def on_report(client_id, data):
+            if state_ref() is not None:
+                data[RECORDS_MESSAGE] = state_ref().take_unsent()
+
+        environment.events.report_to_master.add_listener(on_report)
+    elif isinstance(runner, MasterRunner):
+        def on_worker_report(client_id, data):
+            if state_ref() is not None and RECORDS_MESSAGE in data:
+                state_ref().merge(data[RECORDS_MESSAGE])
+
+        def on_message(environment, msg, **kwargs):
+            if state_ref() is not None:
+                state_ref().merge(msg.data)
+
+        environment.events.worker_report.add_listener(on_worker_report)
+        runner.register_message(RECORDS_MESSAGE, on_message)
+
+
+def sleep_until(ts: float) -> None:
+    delay = ts - time.perf_counter()
+    if delay > 0:
+        gevent.sleep(delay)
+
+
+__all__ = ["LoadgenState", "SetupError", "ServerInfoError", "build_state", "exit_with", "install_distributed",
+           "sleep_until"]

@@ -46,7 +46,9 @@ class ExporterConfig:
     log_level: str = "info"
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """Raises UsageError instead of printing usage, so main() reports one line and exits 2."""
+
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
 
@@ -82,7 +84,7 @@ def _positive_ms(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None) -> ExporterConfig:
-    parser = _Parser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=9400, help="port to listen on (default 9400; 0 picks one)")
     parser.add_argument("--nvml-retry-interval", type=_positive_seconds, default=30.0, metavar="SECONDS",

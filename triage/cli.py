@@ -1,0 +1,103 @@
+"""The llmtriage command: `diagnose` names an incident's cause from logs and metrics; `plan` does KV arithmetic.
+
+Examples:
+  llmtriage diagnose logs/ --format text
+  llmtriage diagnose engine.log nginx/ client.log.gz --prometheus http://127.0.0.1:9090 --format json
+  llmtriage plan --model Qwen2.5-7B/ --gpu-memory 80GiB --max-model-len 32768
+
+Exit status: 0 no findings (plan: fits), 1 findings (plan: does not fit), 2 bad usage or nothing readable.
+"""
+
+import argparse
+import json
+import sys
+
+from triage.diagnose import DiagnoseOptions, diagnose
+from triage.plan import PlanError, PlanRequest, make_plan, parse_size, render_plan
+from triage.reader import InputError
+from triage.report import DEFAULT_RUNBOOK_BASE, render_json, render_text
+from triage.timeparse import parse_user_time
+
+
+class UsageError(Exception):
+    """A command-line argument that cannot be used."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse's own convention)
+        self.exit(2, f"llmtriage: {message} (see llmtriage {self.prog.split()[-1]} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="llmtriage", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    d = sub.add_parser("diagnose", help="name the cause of an incident from logs (and Prometheus)")
+    d.add_argument("paths", nargs="+", metavar="PATH", help="log files, .gz files or folders (recursive)")
+    d.add_argument("--format", choices=("text", "json"), default="text")
+    d.add_argument("--since", help="ignore lines before this time (ISO-8601 UTC or epoch seconds)")
+    d.add_argument("--until", help="ignore lines after this time")
+    d.add_argument("--prometheus", metavar="URL", help="Prometheus base URL; queries /api/v1/query_range")
+    d.add_argument("--runbook-base", default=DEFAULT_RUNBOOK_BASE, help="prefix of runbook links")
+    p = sub.add_parser("plan", help="KV cache arithmetic for a model on a GPU")
+    p.add_argument("--model", required=True, help="model folder or its config.json")
+    p.add_argument("--gpu-memory", required=True, help="memory per GPU, e.g. 80GiB, 24G")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    return parser
+
+
+def run_diagnose(args: argparse.Namespace) -> int:
+    try:
+        since = parse_user_time(args.since) if args.since else None
+        until = parse_user_time(args.until) if args.until else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.prometheus and not args.prometheus.startswith(("http://", "https://")):
+        raise UsageError(f"--prometheus needs an http(s) URL, got {args.prometheus!r}")
+    try:
+        result = diagnose(DiagnoseOptions(args.paths, since, until, args.prometheus))
+    except InputError as exc:
+        raise UsageError(str(exc)) from exc
+    result.notes.flush()
+    if not result.readable:
+        print("llmtriage: nothing readable in the given paths", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(render_json(result.findings, args.runbook_base))
+    else:
+        print(render_text(result.findings, args.runbook_base, result.notes.num_files_read,
+                          result.notes.num_lines_read), end="")
+    return 1 if result.findings else 0
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    try:
+        req = PlanRequest(args.model, parse_size(args.gpu_memory), args.gpu_memory_utilization,
+                          args.max_model_len, args.dtype, args.tensor_parallel_size, args.block_size)
+        plan = make_plan(req)
+    except PlanError as exc:
+        raise UsageError(str(exc)) from exc
+    print(json.dumps(plan.to_json(), indent=2) if args.format == "json" else render_plan(plan), end="\n"
+          if args.format == "json" else "")
+    return 0 if plan.fits else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run_diagnose(args) if args.command == "diagnose" else run_plan(args)
+    except UsageError as exc:
+        print(f"llmtriage: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The diagnosis pipeline: files -> parsers -> events -> rules -> ranked findings."""
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from triage import promapi
+from triage.model import Event, Finding
+from triage.parsers import FileParser
+from triage.reader import Notes, iter_files, read_lines
+from triage.rules import Facts, Rule, all_rules
+
+PROM_MARGIN = timedelta(minutes=2)
+DEFAULT_PROM_WINDOW = timedelta(hours=1)
+
+
+@dataclass(slots=True)
+class DiagnoseOptions:
+    paths: list[str]
+    since: datetime | None = None
+    until: datetime | None = None
+    prometheus: str | None = None
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    findings: list[Finding]
+    facts: Facts
+    notes: Notes
+    num_metric_events: int = 0
+    readable: bool = True
+    errors: list[str] = field(default_factory=list)
+
+
+class Dispatcher:
+    """Hands each event to the rules that asked for its kind, inside the --since/--until window."""
+
+    def __init__(self, rules: list[Rule], since: datetime | None, until: datetime | None):
+        self.rules = rules
+        self.by_kind: dict[str, list[Rule]] = {}
+        for rule in rules:
+            for kind in rule.kinds:
+                self.by_kind.setdefault(kind, []).append(rule)
+        self.facts = Facts()
+        self.since, self.until = since, until
+
+    def feed(self, ev: Event) -> None:
+        if ev.ts is not None and ((self.since and ev.ts < self.since) or (self.until and ev.ts > self.until)):
+            return
+        self.facts.observe(ev)
+        for rule in self.by_kind.get(ev.kind, ()):
+            rule.observe(ev)
+
+
+def _read_file(path, notes: Notes, dispatcher: Dispatcher) -> None:
+    parser = FileParser(str(path))
+    for lineno, line in read_lines(path, notes):
+        try:
+            events = parser.parse(lineno, line)
+        except Exception as exc:  # a parser bug must cost one line, never the diagnosis
+            notes.add(f"{path}:{lineno}: line skipped ({type(exc).__name__})")
+            continue
+        for ev in events:
+            dispatcher.feed(ev)
+
+
+def diagnose(opts: DiagnoseOptions) -> Diagnosis:
+    """Reads everything, queries Prometheus if asked, and returns findings most likely root cause first."""
+    notes = Notes()
+    dispatcher = Dispatcher(all_rules(), opts.since, opts.until)
+    for path in iter_files(opts.paths):
+        _read_file(path, notes, dispatcher)
+    facts = dispatcher.facts
+    num_metric_events = 0
+    if opts.prometheus:
+        start = opts.since or (facts.first_ts - PROM_MARGIN if facts.first_ts else None)
+        end = opts.until or (facts.last_ts + PROM_MARGIN if facts.last_ts else None)
+        if end is None:
+            end = datetime.now(UTC).replace(tzinfo=None)
+        if start is None:
+            start = end - DEFAULT_PROM_WINDOW
+        events, prom_notes = promapi.fetch_events(opts.prometheus, start, end)
+        for note in prom_notes:
+            notes.add(note)
+        for ev in events:
+            dispatcher.feed(ev)
+        num_metric_events = len(events)
+    findings = [f for rule in dispatcher.rules for f in rule.findings(facts)]
+    findings.sort(key=lambda f: f.rank_key())
+    readable = notes.num_files_read > 0 or num_metric_events > 0
+    return Diagnosis(findings, facts, notes, num_metric_events, readable)

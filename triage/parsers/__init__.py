@@ -1,0 +1,147 @@
+"""Per-file line dispatch: each line's format is recognised from its content, never the file name."""
+
+import json
+import re
+
+from triage.model import Event
+from triage.parsers import client, engine_json, gateways, metrics_text, text_logs
+from triage.signatures import scan
+from triage.timeparse import parse_iso
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+, in (?P<func>[\w<>.]+)')
+_EXC_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt)\b")
+_CUDA_RUNTIME = re.compile(r"\+cu(?P<v>\d{3,4})\b|CUDA runtime version:? (?P<v2>\d+\.\d+)")
+MAX_FRAMES = 60
+
+
+class FileParser:
+    """Parses one file's lines in order; keeps the little state a format needs (traceback, CSV header)."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.frames: list[str] = []
+        self.csv: client.CsvRecords | None = None
+        self.exposition = False
+
+    def parse(self, lineno: int, line: str) -> list[Event]:
+        if not line or line.isspace():
+            return []
+        head = line[0]
+        if head == "{":
+            events = self._json(lineno, line)
+            if events is not None:
+                return events
+        ev = self._structured(head, lineno, line)
+        if ev is not None:
+            return [ev] if isinstance(ev, Event) else []
+        return self._text(lineno, line)
+
+    def _json(self, lineno: int, line: str) -> list[Event] | None:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict):
+            return None
+        ev = engine_json.parse_json_object(obj, line, self.file, lineno) if obj.get("logger") != "loadgen" else None
+        if ev is None:
+            ev = client.parse_loadgen_json(obj, line, self.file, lineno)
+        if ev is not None:
+            extra = self._signature_events(ev.ts, _message_of(obj), ev.source, lineno, line) if ev.kind in (
+                "engine.error", "request.rejected") else []
+            return [ev, *extra]
+        inner = obj.get("log") or obj.get("msg") or obj.get("message")
+        if isinstance(inner, str):  # docker / k8s JSON wrapping, structured app logs
+            events = self._text(lineno, inner.rstrip("\n"))
+            ts = obj.get("time") or obj.get("ts") or obj.get("timestamp")
+            for e in events:
+                e.text = line
+                if e.ts is None and isinstance(ts, str):
+                    e.ts = parse_iso(ts)
+            return events
+        return []
+
+    def _structured(self, head: str, lineno: int, line: str):
+        """An Event, True (recognised, nothing to report) or None (not a structured format)."""
+        if self.csv is not None:
+            ev = self.csv.parse(line, self.file, lineno)
+            if ev is not None:
+                return ev
+        if lineno <= 3 and (found := client.CsvRecords.sniff(line)):
+            self.csv = found
+            return True
+        if head.isdigit() or head == "[":
+            if '] "' in line:
+                ev = gateways.parse_nginx_access(line, self.file, lineno) or gateways.parse_envoy(
+                    line, self.file, lineno)
+                if ev is not None:
+                    return ev
+            if head.isdigit() and " loadgen request_id=" in line:
+                return client.parse_loadgen_text(line, self.file, lineno)
+            if head.isdigit() and line[23:24] == "Z":
+                ev = engine_json.parse_text(line, self.file, lineno)
+                if ev is not None:
+                    return ev
+        elif head in "hgw" and (ev := gateways.parse_alb(line, self.file, lineno)):
+            return ev
+        if "haproxy[" in line and (ev := gateways.parse_haproxy(line, self.file, lineno)):
+            return ev
+        if "INFO:" in line[:32] and (ev := gateways.parse_uvicorn(line, self.file, lineno)):
+            return ev
+        if head == "#" or self.exposition or ("{" in line and line[:1].isalpha() and "=\"" in line):
+            ev = metrics_text.parse_sample(line, self.file, lineno)
+            if ev is not None and (head == "#" or isinstance(ev, Event) or self.exposition):
+                self.exposition = True
+                return ev
+        if head == "|" or "NVIDIA-SMI" in line:
+            return metrics_text.parse_nvidia_smi(line, self.file, lineno)
+        return None
+
+    def _text(self, lineno: int, line: str) -> list[Event]:
+        if head_nginx_error(line):
+            parsed = gateways.parse_nginx_error(line)
+            if parsed is not None:
+                ts, msg, extra = parsed
+                events = self._signature_events(ts, msg, "nginx-error", lineno, line)
+                for ev in events:
+                    ev.fields.update(extra)
+                return events
+        ts, msg, source = text_logs.split_envelope(line)
+        events = [Event(ts, source, kind, fields, self.file, lineno, line)
+                  for kind, fields in text_logs.engine_text_events(msg)]
+        events.extend(self._signature_events(ts, msg, source, lineno, line))
+        return events
+
+    def _signature_events(self, ts, msg: str, source: str, lineno: int, line: str) -> list[Event]:
+        stripped = msg.lstrip()
+        if stripped.startswith("Traceback (most recent call last)"):
+            self.frames = []
+            return []
+        if stripped.startswith("File ") and (m := _FRAME.match(stripped)):
+            if len(self.frames) < MAX_FRAMES:
+                self.frames.append(m.group("func"))
+            return []
+        events = [Event(ts, source, kind, fields, self.file, lineno, line) for kind, fields in scan(msg)]
+        if "cu" in msg and (m := _CUDA_RUNTIME.search(msg)):
+            events.append(Event(ts, source, "cuda.runtime", {"version": _cuda_version(m)}, self.file, lineno, line))
+        if self.frames and (events or _EXC_LINE.match(stripped)):
+            for ev in events:
+                ev.fields["frames"] = list(self.frames)
+            self.frames = []
+        return events
+
+
+def head_nginx_error(line: str) -> bool:
+    return line[:1].isdigit() and line[4:5] == "/" and line[7:8] == "/"
+
+
+def _message_of(obj: dict) -> str:
+    parts = [str(obj.get(k, "")) for k in ("exc_type", "message", "error") if obj.get(k)]
+    return " ".join(parts)
+
+
+def _cuda_version(m: re.Match) -> str:
+    if m.group("v2"):
+        return m.group("v2")
+    digits = m.group("v")
+    return f"{digits[:-1]}.{digits[-1]}"

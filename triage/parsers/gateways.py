@@ -1,0 +1,162 @@
+"""Gateway logs: nginx access and error, HAProxy, Envoy, AWS ALB and uvicorn access lines."""
+
+import re
+
+from triage.model import Event
+from triage.timeparse import parse_clf, parse_iso, parse_slash
+
+_NGINX_ACCESS = re.compile(
+    r'^(?P<client>\S+) \S+ \S+ \[(?P<time>[^\]]+)\] "(?P<request>[^"]*)" (?P<status>\d{3}) (?P<bytes>\d+|-)'
+    r'(?: "(?P<referer>[^"]*)" "(?P<ua>[^"]*)")?(?P<tail>.*)$')
+_NGINX_ERROR = re.compile(
+    r"^(?P<ts>\d{4}/\d\d/\d\d \d\d:\d\d:\d\d) \[(?P<level>\w+)\] \d+#\d+: (?:\*\d+ )?(?P<msg>.*)$")
+_UPSTREAM = re.compile(r'upstream: "(?:https?://)?(?P<addr>[^/"]+)')
+_HAPROXY = re.compile(
+    r'haproxy\[\d+\]: (?P<client>\S+) \[(?P<time>[^\]]+)\] \S+ (?P<backend>\S+) (?P<timers>[-\d/+]+) '
+    r'(?P<status>-?\d+) (?P<bytes>\d+) \S+ \S+ (?P<term>\S{4}) .*?"(?P<request>[^"]*)"')
+_ENVOY = re.compile(
+    r'^\[(?P<ts>[^\]]+)\] "(?P<request>[^"]*)" (?P<status>\d+) (?P<flags>\S+) (?P<rx>\d+) (?P<tx>\d+) '
+    r'(?P<duration>\d+|-) (?P<upstream_time>\S+) "[^"]*" "[^"]*" "(?P<rid>[^"]*)" "[^"]*" "(?P<upstream>[^"]*)"')
+_ALB = re.compile(
+    r'^(?:https?|h2|grpcs?|wss?) (?P<ts>\S+) \S+ (?P<client>\S+) (?P<target>\S+) (?P<rpt>\S+) (?P<tpt>\S+) '
+    r'(?P<rspt>\S+) (?P<status>\d{3}|-) (?P<target_status>\d{3}|-) (?P<rx>\d+) (?P<tx>\d+) "(?P<request>[^"]*)"')
+_UVICORN = re.compile(
+    r'^(?:\(\w+ pid=\d+\) )?INFO:\s+(?P<client>[\d.:\[\]a-f]+) - "(?P<request>[^"]*)" (?P<status>\d{3})')
+_TAIL_KV = re.compile(r'(\w+)=("[^"]*"|\S+)')
+_ADDR = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:]+\]|[\w.-]+):\d+$")
+_ENVOY_TIMEOUT = {"UT", "SI"}
+_ENVOY_CLIENT = {"DC", "DI"}
+_ENVOY_UPSTREAM = {"UC", "UF", "UH", "URX", "UR", "LH", "NR"}
+
+
+def cut_for_status(status: int) -> str | None:
+    """What a gateway status says about a cut: 499/460 client gone, 504 timeout, 502/503 upstream failed."""
+    if status in (499, 460):
+        return "client"
+    if status == 504:
+        return "timeout"
+    if status in (502, 503):
+        return "upstream_failed"
+    return None
+
+
+def _f(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    raw = raw.strip('"').split(",")[-1].split(":")[-1].strip()
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
+def _access(fields: dict, source: str, ts, file: str, lineno: int, line: str) -> Event:
+    method, _, rest = fields.get("request", "").partition(" ")
+    fields["method"] = method
+    fields["path"] = rest.split(" ")[0]
+    fields.setdefault("cut", cut_for_status(fields["status"]))
+    fields["gateway"] = source
+    return Event(ts, source, "http.access", fields, file, lineno, line)
+
+
+def _nginx_tail(tail: str, fields: dict) -> None:
+    """Timings after the combined part: key=value pairs, or positional floats and host:port."""
+    kvs = dict(_TAIL_KV.findall(tail))
+    if kvs:
+        for key, value in kvs.items():
+            k = key.lower()
+            if k in ("rt", "request_time", "req_time"):
+                fields["duration_s"] = _f(value)
+            elif k in ("urt", "upstream_response_time", "upstream_time"):
+                fields["upstream_s"] = _f(value)
+            elif k in ("ua", "upstream_addr", "upstream", "upstream_address"):
+                fields["upstream_addr"] = value.strip('"').split(",")[-1].strip()
+            elif k in ("us", "upstream_status"):
+                fields["upstream_status"] = value.strip('"')
+        return
+    floats = []
+    for token in tail.replace("[", " ").replace("]", " ").split():
+        if _ADDR.match(token):
+            fields["upstream_addr"] = token
+        elif "." in token and _f(token) is not None:
+            floats.append(_f(token))
+    if floats:
+        fields["duration_s"] = floats[0]
+    if len(floats) > 1:
+        fields["upstream_s"] = floats[1]
+
+
+def parse_nginx_access(line: str, file: str, lineno: int) -> Event | None:
+    m = _NGINX_ACCESS.match(line)
+    if m is None:
+        return None
+    raw_bytes = m.group("bytes")
+    fields = {"client": m.group("client"), "request": m.group("request"), "status": int(m.group("status")),
+              "bytes": int(raw_bytes) if raw_bytes != "-" else 0, "duration_s": None, "upstream_s": None,
+              "upstream_addr": None, "user_agent": m.group("ua")}
+    _nginx_tail(m.group("tail") or "", fields)
+    return _access(fields, "nginx-access", parse_clf(m.group("time")), file, lineno, line)
+
+
+def parse_nginx_error(line: str) -> tuple | None:
+    """(ts, message, extra fields) of an nginx error-log line."""
+    m = _NGINX_ERROR.match(line)
+    if m is None:
+        return None
+    msg = m.group("msg")
+    extra = {"level": m.group("level")}
+    up = _UPSTREAM.search(msg)
+    if up:
+        extra["upstream_addr"] = up.group("addr")
+    return parse_slash(m.group("ts")), msg, extra
+
+
+def parse_haproxy(line: str, file: str, lineno: int) -> Event | None:
+    m = _HAPROXY.search(line)
+    if m is None:
+        return None
+    term = m.group("term")
+    timers = m.group("timers").split("/")
+    total_ms = _f(timers[-1].lstrip("+")) if timers else None
+    cut = {"s": "timeout", "c": "client", "C": "client", "S": "upstream_failed"}.get(term[0])
+    fields = {"client": m.group("client"), "request": m.group("request"), "status": int(m.group("status")),
+              "bytes": int(m.group("bytes")), "duration_s": total_ms / 1000 if total_ms and total_ms > 0 else None,
+              "upstream_s": None, "upstream_addr": m.group("backend"), "flags": term, "cut": cut}
+    return _access(fields, "haproxy", parse_clf(m.group("time")[:20] + " +0000"), file, lineno, line)
+
+
+def parse_envoy(line: str, file: str, lineno: int) -> Event | None:
+    m = _ENVOY.match(line)
+    if m is None:
+        return None
+    flags = set(m.group("flags").split(","))
+    status = int(m.group("status"))
+    cut = ("timeout" if flags & _ENVOY_TIMEOUT else "client" if flags & _ENVOY_CLIENT or status == 0
+           else "upstream_failed" if flags & _ENVOY_UPSTREAM else None)
+    duration = _f(m.group("duration"))
+    fields = {"request": m.group("request"), "status": status, "bytes": int(m.group("tx")),
+              "duration_s": duration / 1000 if duration is not None else None,
+              "upstream_s": None, "upstream_addr": m.group("upstream") or None, "flags": m.group("flags"),
+              "request_id": m.group("rid") if m.group("rid") != "-" else None, "cut": cut}
+    return _access(fields, "envoy", parse_iso(m.group("ts")), file, lineno, line)
+
+
+def parse_alb(line: str, file: str, lineno: int) -> Event | None:
+    m = _ALB.match(line)
+    if m is None or m.group("status") == "-":
+        return None
+    times = [_f(m.group(k)) for k in ("rpt", "tpt", "rspt")]
+    total = sum(t for t in times if t is not None and t >= 0) if any(t and t > 0 for t in times) else None
+    fields = {"client": m.group("client"), "request": m.group("request"), "status": int(m.group("status")),
+              "bytes": int(m.group("tx")), "duration_s": total, "upstream_s": times[1],
+              "upstream_addr": m.group("target") if m.group("target") != "-" else None}
+    return _access(fields, "alb", parse_iso(m.group("ts")), file, lineno, line)
+
+
+def parse_uvicorn(line: str, file: str, lineno: int) -> Event | None:
+    m = _UVICORN.match(line)
+    if m is None:
+        return None
+    fields = {"client": m.group("client"), "request": m.group("request"), "status": int(m.group("status")),
+              "bytes": None, "duration_s": None, "upstream_s": None, "upstream_addr": None, "cut": None}
+    return _access(fields, "uvicorn", None, file, lineno, line)

@@ -1,0 +1,108 @@
+"""Text logs of engines and hosts: vLLM, TGI, SGLang, Ollama, llama.cpp, Triton, syslog and kernel lines."""
+
+import re
+
+from triage.timeparse import parse_glog, parse_iso, parse_md_hms, parse_slash, parse_syslog
+
+_VLLM = re.compile(
+    r"^(?:\((?P<proc>[\w.-]+) pid=\d+\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d\d-\d\d) "
+    r"(?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./-]+:\d+\]? ?(?P<msg>.*)$")
+_PROC = re.compile(r"^\((?P<proc>[\w.-]+) pid=\d+\) (?P<msg>.*)$")
+_TGI = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT[\d:.]+Z)\s+(?P<level>INFO|WARN|ERROR|DEBUG|TRACE)\s+(?P<msg>.*)$")
+_SGLANG = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:[^\]]*)\] (?P<msg>.*)$")
+_OLLAMA = re.compile(r'^time=(?P<ts>\S+) level=(?P<level>\w+) source=\S+ msg=(?P<msg>.*)$')
+_GIN = re.compile(r"^\[GIN\] (?P<ts>\d{4}/\d\d/\d\d - \d\d:\d\d:\d\d) \| (?P<msg>.*)$")
+_GLOG = re.compile(r"^(?P<stamp>[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+)\s+\d+ [\w.]+:\d+\] (?P<msg>.*)$")
+_SYSLOG = re.compile(r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ [\w./-]+(?:\[\d+\])?: (?P<msg>.*)$")
+_DMESG = re.compile(r"^\[\s*\d+\.\d+\] (?P<msg>.*)$")
+_ISO_LEAD = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[.,\d]*(?:Z|[+-]\d\d:?\d\d)?)[\s|,-]+(?P<msg>.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def split_envelope(line: str) -> tuple:
+    """(ts, message, source) of a text line; unknown shapes give (None, line, "text")."""
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    head = line[:1]
+    if head in "DIWEC(" and (m := _VLLM.match(line)):
+        return parse_md_hms(m.group("md"), m.group("hms")), m.group("msg"), "vllm"
+    if head == "(" and (m := _PROC.match(line)):
+        return None, m.group("msg"), "vllm"
+    if head.isdigit():
+        if m := _TGI.match(line):
+            return parse_iso(m.group("ts")), m.group("msg"), "tgi"
+        if m := _ISO_LEAD.match(line):
+            return parse_iso(m.group("ts")), m.group("msg"), "text"
+    if head == "[":
+        if m := _SGLANG.match(line):
+            return parse_iso(m.group("ts")), m.group("msg"), "sglang"
+        if m := _GIN.match(line):
+            return parse_slash(m.group("ts").replace(" - ", " ")), m.group("msg"), "ollama"
+        if m := _DMESG.match(line):
+            return None, m.group("msg"), "kernel"
+    if head == "t" and (m := _OLLAMA.match(line)):
+        return parse_iso(m.group("ts")), m.group("msg").strip('"'), "ollama"
+    if head in "IWEF" and (m := _GLOG.match(line)):
+        return parse_glog(m.group("stamp")), m.group("msg"), "triton"
+    if head.isupper() and (m := _SYSLOG.match(line)):
+        return parse_syslog(m.group("ts")), m.group("msg"), "syslog"
+    return None, line, "text"
+
+
+_STATS_FIELDS = (
+    ("running", re.compile(r"Running: (\d+) reqs"), int),
+    ("waiting", re.compile(r"(?:Waiting|Pending): (\d+) reqs"), int),
+    ("kv_usage", re.compile(r"GPU KV cache usage: ([\d.]+)%"), lambda v: float(v) / 100),
+    ("prefix_hit_rate", re.compile(r"Prefix cache hit rate: ([\d.]+)%"), lambda v: float(v) / 100),
+    ("preemptions", re.compile(r"Preemptions: (\d+)"), int),
+)
+_SGL_STATS = (
+    ("running", re.compile(r"#running-req: (\d+)"), int),
+    ("waiting", re.compile(r"#queue-req: (\d+)"), int),
+    ("kv_usage", re.compile(r"token usage: ([\d.]+)"), float),
+    ("prefix_hit_tokens", re.compile(r"#cached-token: (\d+)"), int),
+    ("new_tokens", re.compile(r"#new-token: (\d+)"), int),
+)
+_PHASES = (
+    ("phase.weights_loading", ("Starting to load model", "Loading safetensors checkpoint", "Loading weights",
+                               "llm_load_tensors", "load_tensors:", "Loading model weights")),
+    ("phase.weights_loaded", ("Model loading took", "Loading weights took", "model weights loaded")),
+    ("phase.kv_setup", ("Available KV cache memory", "GPU KV cache size", "# GPU blocks", "# cuda blocks",
+                        "Maximum concurrency for", "Warming up model", "Capturing CUDA graph",
+                        "llama_kv_cache", "KV self size", "Memory profiling takes")),
+    ("phase.serving", ("Application startup complete", "Uvicorn running on", "server is listening on",
+                       "llama runner started", "Server started")),
+)
+_RECEIVED = re.compile(r"Received request (?P<id>[^\s:]+):? prompt: (?P<q>['\"])(?P<prompt>.*?)(?P=q), params")
+_ABORTED = re.compile(r"Aborted request(?:\(s\)|s)? (?P<ids>[^\s.][^ ]*?)\.?$|Request (?P<id>\S+) aborted\.")
+
+
+def _stats(msg: str, table) -> dict:
+    out = {}
+    for key, pattern, conv in table:
+        m = pattern.search(msg)
+        if m:
+            out[key] = conv(m.group(1))
+    return out
+
+
+def engine_text_events(msg: str) -> list[tuple[str, dict]]:
+    """Engine semantics of a text message: stats lines, start-up phases, request lifecycle."""
+    out: list[tuple[str, dict]] = []
+    if "Avg prompt throughput" in msg:
+        out.append(("engine.stats", _stats(msg, _STATS_FIELDS)))
+    elif "batch" in msg and "#running-req" in msg:
+        fields = _stats(msg, _SGL_STATS)
+        if "new_tokens" in fields and "prefix_hit_tokens" in fields:
+            fields["prefix_queried_tokens"] = fields["new_tokens"] + fields["prefix_hit_tokens"]
+        out.append(("engine.stats", fields))
+    elif "Received request" in msg and (m := _RECEIVED.search(msg)):
+        out.append(("request.received", {"request_id": m.group("id"), "prompt": m.group("prompt")}))
+    elif "borted" in msg and (m := _ABORTED.search(msg)):
+        ids = m.group("ids") or m.group("id") or ""
+        out.append(("request.aborted", {"request_ids": [i for i in ids.split(",") if i], "reason": None}))
+    for kind, keys in _PHASES:
+        if any(k in msg for k in keys):
+            out.append((kind, {}))
+            break
+    return out

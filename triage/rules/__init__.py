@@ -1,0 +1,111 @@
+"""Rules, one per failure family: each consumes events and produces findings."""
+
+from datetime import datetime
+
+from triage.model import Confidence, Event, EvidenceSet, Finding, RequestIds
+
+SEVERITY = {
+    "driver-mismatch": "critical", "oom-weights": "critical", "oom-kv-capacity": "critical",
+    "oom-runtime": "critical", "engine-crash": "critical", "context-overflow": "low", "kv-preemption": "high",
+    "queue-backlog": "high", "stream-cut-gateway-timeout": "high", "stream-cut-client-disconnect": "medium",
+    "stream-cut-proxy-buffering": "medium", "cache-miss": "medium",
+}
+
+
+class Candidate:
+    """Evidence gathered for one finding id (and cause) before the rule decides to report it."""
+
+    def __init__(self, fid: str, cause: str | None = None):
+        self.id = fid
+        self.cause = cause
+        self.evidence = EvidenceSet()
+        self.requests = RequestIds()
+        self.first_ts: datetime | None = None
+        self.last_ts: datetime | None = None
+        self.num_decisive = 0
+        self.num_corroborating = 0
+        self.counter: list[str] = []
+
+    def add(self, ev: Event, signal: str, decisive: bool, request_ids=()) -> None:
+        self.evidence.add(ev, signal, decisive)
+        if decisive:
+            self.num_decisive += 1
+        else:
+            self.num_corroborating += 1
+        for rid in request_ids:
+            self.requests.add(rid)
+        if ev.ts is not None:
+            if self.first_ts is None or ev.ts < self.first_ts:
+                self.first_ts = ev.ts
+            if self.last_ts is None or ev.ts > self.last_ts:
+                self.last_ts = ev.ts
+
+    def __bool__(self) -> bool:
+        return bool(self.num_decisive or self.num_corroborating)
+
+    def finding(self, title: str, explanation: str, next_steps: list[str],
+                confidence: Confidence | None = None, weight: float = 0.0) -> Finding:
+        if confidence is None:
+            confidence = Confidence.HIGH if self.num_decisive else Confidence.MEDIUM
+        return Finding(
+            id=self.id, title=title, severity=SEVERITY[self.id], confidence=confidence,
+            explanation=explanation, evidence=self.evidence, counter_evidence=list(self.counter),
+            next_steps=next_steps, cause=self.cause, first_ts=self.first_ts, last_ts=self.last_ts,
+            requests=self.requests, weight=weight or float(self.num_decisive + self.num_corroborating / 10))
+
+
+class Facts:
+    """What every rule may want to know about the whole input: time span and traffic volume."""
+
+    def __init__(self):
+        self.first_ts: datetime | None = None
+        self.last_ts: datetime | None = None
+        self.num_engine_requests = 0  # request.finished + request.aborted
+        self.num_gateway_requests = 0  # access-log lines
+        self.num_events = 0
+
+    def observe(self, ev: Event) -> None:
+        self.num_events += 1
+        if ev.ts is not None:
+            if self.first_ts is None or ev.ts < self.first_ts:
+                self.first_ts = ev.ts
+            if self.last_ts is None or ev.ts > self.last_ts:
+                self.last_ts = ev.ts
+        if ev.kind in ("request.finished", "request.aborted") and ev.source == "engine-json":
+            self.num_engine_requests += 1
+        elif ev.kind == "http.access" and ev.source != "engine-json":
+            self.num_gateway_requests += 1
+
+    @property
+    def num_requests(self) -> int:
+        return max(self.num_engine_requests, self.num_gateway_requests)
+
+
+class Rule:
+    """Base: `kinds` names the event kinds the rule wants; findings() runs once at the end."""
+
+    kinds: tuple[str, ...] = ()
+
+    def observe(self, ev: Event) -> None:
+        raise NotImplementedError
+
+    def findings(self, facts: Facts) -> list[Finding]:
+        raise NotImplementedError
+
+
+def request_ids_of(ev: Event) -> list[str]:
+    f = ev.fields
+    ids = f.get("request_ids")
+    if isinstance(ids, list):
+        return [str(i) for i in ids]
+    rid = f.get("request_id")
+    return [str(rid)] if rid else []
+
+
+def all_rules() -> list[Rule]:
+    from triage.rules.cache import CacheRule
+    from triage.rules.load import LoadRule
+    from triage.rules.memory import MemoryRule
+    from triage.rules.streams import StreamRule
+
+    return [MemoryRule(), LoadRule(), StreamRule(), CacheRule()]

@@ -1,0 +1,167 @@
+"""Prefix-cache misses and their cause: dynamic prefix, disabled, eviction, routing, short prompts."""
+
+import re
+
+from triage.model import Confidence, Event, Finding
+from triage.rules import Candidate, Facts, Rule, request_ids_of
+from triage.rules import cache_text as T
+
+MAX_KEYS = 50_000
+MAX_SAMPLE_KEYS = 1000
+LOW_HIT_RATE = 0.3
+_DYNAMIC = re.compile(
+    r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?Z?|\d\d:\d\d:\d\d|"
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\b[0-9a-f]{12,}\b|\b\d{6,}\b|"
+    r"(?:user|session|request|req|trace)[_ -]?id\s*[:=]\s*\S+", re.I)
+
+
+class CacheRule(Rule):
+    kinds = ("engine.startup", "request.finished", "engine.stats", "cache.config", "metric", "request.received",
+             "http.access")
+
+    def __init__(self):
+        self.cands = {cause: Candidate("cache-miss", cause) for cause in
+                      ("disabled", "dynamic-prefix", "eviction", "routing", "short-prompts")}
+        self.block_size = 16
+        self.num_prompt_tokens = 0
+        self.num_cached_tokens = 0
+        self.num_requests = 0
+        self.num_multi_block = 0
+        self.num_short = 0
+        self.later_to_firsts: list[dict] = [{}, {}]  # block 1 and block 2 hash -> {first-block hash: count}
+        self.samples: dict[tuple, list[Event]] = {}
+        self.prefix_keys: dict[tuple, int] = {}
+        self.stats_high: list[float] = []
+        self.stats_low: list[float] = []
+        self.stats_events: list[Event] = []
+        self.metric_queries = self.metric_hits = self.metric_prompt = 0.0
+        self.text_prefixes: dict[str, dict[str, Event]] = {}
+        self.client_upstreams: dict[str, set] = {}
+        self.upstreams: set = set()
+        self.routing_sample: list[Event] = []
+        self.short_samples: list[Event] = []
+
+    def observe(self, ev: Event) -> None:
+        kind, f = ev.kind, ev.fields
+        if kind == "engine.startup":
+            self.block_size = int(f.get("block_size") or self.block_size)
+            if f.get("prefix_caching") is False:
+                self.cands["disabled"].add(ev, "engine.startup.prefix_caching_false", True)
+        elif kind == "cache.config":
+            off = f.get("enabled") in ("False", "false") or f.get("disabled") == "True"
+            if off:
+                self.cands["disabled"].add(ev, "config.prefix_caching_off", True)
+        elif kind == "request.finished":
+            self._finished(ev)
+        elif kind == "engine.stats":
+            self._stats(ev)
+        elif kind == "metric":
+            self._metric(ev)
+        elif kind == "request.received" and isinstance(f.get("prompt"), str):
+            self._prompt_text(ev, f["prompt"])
+        elif kind == "http.access" and f.get("upstream_addr") and ev.source != "engine-json":
+            self._routing(ev)
+
+    def _finished(self, ev: Event) -> None:
+        f = ev.fields
+        prompt, cached = f.get("prompt_tokens"), f.get("cached_tokens")
+        if isinstance(prompt, int):
+            self.num_requests += 1
+            self.num_prompt_tokens += prompt
+            self.num_cached_tokens += cached if isinstance(cached, int) else 0
+            if prompt < self.block_size:
+                self.num_short += 1
+                if len(self.short_samples) < 3:
+                    self.short_samples.append(ev)
+        fp = f.get("prefix_fingerprint")
+        if not isinstance(fp, list) or len(fp) < 2:
+            return
+        self.num_multi_block += 1
+        first = fp[0]
+        key2 = tuple(fp[:2])
+        if key2 in self.prefix_keys or len(self.prefix_keys) < MAX_KEYS:
+            self.prefix_keys[key2] = self.prefix_keys.get(key2, 0) + 1
+        for pos, table in ((1, self.later_to_firsts[0]), (2, self.later_to_firsts[1])):
+            if pos >= len(fp):
+                continue
+            firsts = table.get(fp[pos])
+            if firsts is None:
+                if len(table) >= MAX_KEYS:
+                    continue
+                firsts = table[fp[pos]] = {}
+            firsts[first] = firsts.get(first, 0) + 1
+            skey = (pos, fp[pos])
+            sample = self.samples.get(skey)
+            if sample is None and len(self.samples) < MAX_SAMPLE_KEYS:
+                sample = self.samples[skey] = []
+            if sample is not None and len(sample) < 6 and all(s.fields["prefix_fingerprint"][0] != first for s in sample):
+                sample.append(ev)
+
+    def _stats(self, ev: Event) -> None:
+        f = ev.fields
+        rate, kv = f.get("prefix_hit_rate"), f.get("kv_usage")
+        if rate is None or kv is None:
+            return
+        (self.stats_high if kv >= 0.9 else self.stats_low).append(rate)
+        if kv >= 0.9 and len(self.stats_events) < 50:
+            self.stats_events.append(ev)
+
+    def _metric(self, ev: Event) -> None:
+        f = ev.fields
+        name = f["metric"]
+        if name == "engine_info":
+            value = str(f["labels"].get("prefix_caching", f["labels"].get("enable_prefix_caching", ""))).lower()
+            if value == "false":
+                self.cands["disabled"].add(ev, "metric.info_prefix_caching_false", True)
+        elif name == "prefix_queries_total":
+            self.metric_queries += f["increase"]
+        elif name == "prefix_hits_total":
+            self.metric_hits += f["increase"]
+        elif name == "prompt_tokens_total":
+            self.metric_prompt += f["increase"]
+
+    def _prompt_text(self, ev: Event, prompt: str) -> None:
+        head = prompt[:64]
+        if not _DYNAMIC.search(head):
+            return
+        key = _DYNAMIC.sub("<dyn>", prompt[:200])
+        variants = self.text_prefixes.get(key)
+        if variants is None:
+            if len(self.text_prefixes) >= MAX_KEYS:
+                return
+            variants = self.text_prefixes[key] = {}
+        if head not in variants and len(variants) < 6:
+            variants[head] = ev
+
+    def _routing(self, ev: Event) -> None:
+        client = ev.fields.get("client") or "-"
+        upstream = ev.fields["upstream_addr"]
+        self.upstreams.add(upstream)
+        ups = self.client_upstreams.setdefault(client, set()) if len(self.client_upstreams) < MAX_KEYS else set()
+        if upstream not in ups and len(ups) < 64:
+            ups.add(upstream)
+            if len(self.routing_sample) < 8:
+                self.routing_sample.append(ev)
+
+    def hit_rate(self) -> float | None:
+        if self.num_prompt_tokens:
+            return self.num_cached_tokens / self.num_prompt_tokens
+        if self.metric_queries:
+            return self.metric_hits / self.metric_queries
+        return None
+
+    def findings(self, facts: Facts) -> list[Finding]:
+        out = []
+        for cause in ("disabled", "dynamic-prefix", "eviction", "routing", "short-prompts"):
+            finding = getattr(T, "finding_" + cause.replace("-", "_"))(self, self.cands[cause])
+            if finding is not None:
+                out.append(finding)
+        return out
+
+    @staticmethod
+    def confidence_of(cand: Candidate) -> Confidence:
+        return Confidence.HIGH if cand.num_decisive else Confidence.MEDIUM
+
+    @staticmethod
+    def ids(ev: Event) -> list[str]:
+        return request_ids_of(ev)

@@ -1,0 +1,119 @@
+"""Cache-miss findings, one builder per cause, with their wording and next steps."""
+
+from triage.model import Confidence, Finding
+
+TITLE = "Prefix cache misses"
+STEPS = {
+    "disabled": ["start the engine with --enable-prefix-caching (vLLM V1 and llmserve default on)",
+                 "TGI: PREFIX_CACHING=1 (check 'Using prefix caching'); SGLang: drop --disable-radix-cache",
+                 "verify: llm_engine_info{prefix_caching=\"true\"} or vllm:cache_config_info"],
+    "dynamic-prefix": ["move timestamps, request ids and user ids out of the start of the prompt (put them last)",
+                       "keep the system prompt and tool list byte-identical and in a fixed order",
+                       "verify: rate(llm_prefix_cache_hit_tokens_total[5m]) / rate(llm_prefix_cache_queried_tokens_total[5m])"],
+    "eviction": ["raise the KV budget (--gpu-memory-utilization / --kv-cache-memory) so cached blocks survive",
+                 "lower --max-num-seqs so live requests hold fewer blocks",
+                 "compare hit rate with llm_kv_cache_usage_ratio over time"],
+    "routing": ["route by prefix or session (consistent hashing on a session header: nginx hash $http_x_session_id consistent;)",
+                "or use a prefix-aware router in front of the replicas",
+                "check: awk '{print $1, $(NF-4)}' access.log | sort | uniq -c (client vs upstream)"],
+    "short-prompts": ["nothing to fix in the cache: prompts shorter than one KV block cannot be cached",
+                      "lower --block-size only if short shared prefixes matter"],
+}
+
+
+def _rate_text(rule) -> str:
+    rate = rule.hit_rate()
+    return f" Observed hit rate: {rate:.0%}." if rate is not None else ""
+
+
+def _reuse(rule) -> bool:
+    return any(count >= 2 for count in rule.prefix_keys.values())
+
+
+def finding_disabled(rule, cand) -> Finding | None:
+    if rule.metric_prompt > 0 and rule.metric_queries == 0 and cand.num_decisive:
+        cand.counter.append("prefix-cache query counters stayed flat while prompt tokens grew")
+    if not cand.num_decisive:
+        return None
+    if rule.num_requests >= 10 and not _reuse(rule):
+        return None  # caching is off, but no prompt would have hit anyway
+    return cand.finding(
+        TITLE + ": prefix caching is disabled",
+        "Prefix caching is turned off in the engine's configuration, so every prompt is computed from "
+        "scratch, however much it shares with the ones before." + _rate_text(rule), STEPS["disabled"])
+
+
+def _dynamic_count(rule) -> tuple[int, list]:
+    best, keys = 0, []
+    for pos, table in enumerate(rule.later_to_firsts, start=1):
+        hot = [k for k, firsts in table.items() if len(firsts) >= 2]
+        count = sum(sum(table[k].values()) for k in hot)
+        if count > best:
+            best, keys = count, [(pos, k) for k in hot]
+    return best, keys
+
+
+def finding_dynamic_prefix(rule, cand) -> Finding | None:
+    count, keys = _dynamic_count(rule)
+    detail = ""
+    if count >= 4 and count >= 0.1 * rule.num_multi_block:
+        for key in keys[:3]:
+            for ev in rule.samples.get(key, []):
+                cand.add(ev, "fingerprint.first_block_differs", True, rule.ids(ev))
+        detail = (f" {count} of {rule.num_multi_block} requests share later prompt blocks with others but "
+                  f"differ in the first block.")
+    for variants in rule.text_prefixes.values():
+        if len(variants) >= 2:
+            for ev in variants.values():
+                cand.add(ev, "prompt.dynamic_start", True, rule.ids(ev))
+    if not cand.num_decisive:
+        return None
+    return cand.finding(
+        TITLE + ": the start of the prompt changes every request",
+        "Prompts are identical after their first block, but the first block differs every time (a "
+        "timestamp, a request or user id near the start). Prefix caching matches from the first token, so "
+        "one changed token at the start makes every later block miss." + detail + _rate_text(rule),
+        STEPS["dynamic-prefix"], weight=float(count))
+
+
+def finding_eviction(rule, cand) -> Finding | None:
+    high, low = rule.stats_high, rule.stats_low
+    if len(high) < 2 or not low:
+        return None
+    mean_high, mean_low = sum(high) / len(high), sum(low) / len(low)
+    if mean_low < 0.2 or mean_high >= 0.5 * mean_low:
+        return None
+    for ev in rule.stats_events:
+        cand.add(ev, "stats.hit_rate_low_when_kv_full", False)
+    return cand.finding(
+        TITLE + ": cached prefixes are evicted under memory pressure",
+        f"The hit rate falls to {mean_high:.0%} while the KV cache is over 90% used, against {mean_low:.0%} "
+        "otherwise: live requests need the blocks, so cached prefixes are evicted before they are reused.",
+        STEPS["eviction"], Confidence.MEDIUM)
+
+
+def finding_routing(rule, cand) -> Finding | None:
+    rate = rule.hit_rate()
+    spread = [c for c, ups in rule.client_upstreams.items() if len(ups) >= 2]
+    if len(rule.upstreams) < 2 or not spread or rate is None or rate >= 0.3 or not _reuse(rule):
+        return None
+    for ev in rule.routing_sample:
+        cand.add(ev, "gateway.upstream_addr_spread", False)
+    return cand.finding(
+        TITLE + ": one client's prompts are spread over several replicas",
+        f"The gateway sends the same clients to {len(rule.upstreams)} upstreams in turn; each replica has its "
+        "own prefix cache, so a shared prefix is cached once per replica and most requests land where it "
+        "is not." + _rate_text(rule), STEPS["routing"], Confidence.MEDIUM)
+
+
+def finding_short_prompts(rule, cand) -> Finding | None:
+    rate = rule.hit_rate()
+    if rule.num_requests < 10 or rule.num_short < 0.9 * rule.num_requests or rate is None or rate >= 0.1:
+        return None
+    for ev in rule.short_samples:
+        cand.add(ev, "request.prompt_shorter_than_block", False)
+    return cand.finding(
+        TITLE + ": prompts shorter than one KV block",
+        f"{rule.num_short} of {rule.num_requests} prompts are shorter than one block ({rule.block_size} "
+        "tokens); only full blocks are cached, so these can never hit.", STEPS["short-prompts"],
+        Confidence.MEDIUM)

@@ -1,0 +1,138 @@
+"""Load beyond capacity: KV preemption, a growing waiting queue, prompts beyond the context window."""
+
+from triage.model import Confidence, Event, Finding
+from triage.rules import Candidate, Facts, Rule, request_ids_of
+
+SLOW_QUEUE_S = 1.0  # a request that waited this long before its first schedule was queued, not served
+KV_FULL = 0.9
+MINOR_PREEMPTION_SHARE = 0.05  # below this share of requests, preemption is a side note in a big run
+
+EXPLAIN_PREEMPT = (
+    "The KV cache ran out of free blocks while requests were decoding, so the scheduler preempted running "
+    "requests and recomputed them later. Throughput drops and latency rises; nothing crashes.")
+STEPS_PREEMPT = [
+    "llmtriage plan --model <model dir> --gpu-memory <GiB> (tokens the KV cache holds)",
+    "raise the KV budget: --gpu-memory-utilization / --kv-cache-memory / --num-kv-blocks",
+    "lower --max-num-seqs (fewer sequences competing for blocks) or --max-num-batched-tokens",
+    "watch rate(llm_preemptions_total[5m]) and llm_kv_cache_usage_ratio",
+]
+EXPLAIN_QUEUE = (
+    "Requests arrived faster than the engine could start them: they waited in the queue (or were refused "
+    "with 429), so time to first token grew with the queue.")
+STEPS_QUEUE = [
+    "compare arrival rate with throughput: rate(llm_requests_finished_total[1m]) vs the load",
+    "add replicas, or raise --max-num-seqs if KV capacity allows (llmtriage plan)",
+    "set --max-queue-len so excess load is refused fast (429 + Retry-After) instead of timing out",
+    "watch llm_requests_waiting and histogram_quantile(0.99, rate(llm_request_queue_time_seconds_bucket[5m]))",
+]
+EXPLAIN_CONTEXT = (
+    "Requests asked for more tokens (prompt + max_tokens) than the model's context window, so they were "
+    "rejected (or truncated) before reaching the GPU.")
+STEPS_CONTEXT = [
+    "have clients cap prompt tokens + max_tokens at max_model_len (truncate history, summarise)",
+    "raise --max-model-len if the model and the KV budget allow it (llmtriage plan --max-model-len N)",
+]
+
+
+class LoadRule(Rule):
+    kinds = ("request.preempted", "engine.stats", "engine.preemption", "metric", "request.rejected",
+             "queue.full", "request.scheduled", "http.access", "context.overflow")
+
+    def __init__(self):
+        self.preempt = Candidate("kv-preemption")
+        self.queue = Candidate("queue-backlog")
+        self.context = Candidate("context-overflow")
+        self.num_preemptions = 0
+        self.num_slow_queue = 0
+        self.max_waiting = 0.0
+
+    def observe(self, ev: Event) -> None:
+        kind, f = ev.kind, ev.fields
+        if kind == "request.preempted":
+            self.num_preemptions += 1
+            self.preempt.add(ev, kind, True, request_ids_of(ev))
+        elif kind == "engine.preemption":
+            self.num_preemptions += int(f.get("total", 1)) if f.get("total") else 1
+            self.preempt.add(ev, kind, True)
+        elif kind == "engine.stats":
+            self._stats(ev)
+        elif kind == "metric":
+            self._metric(ev)
+        elif kind == "request.rejected":
+            if f.get("reason") == "queue_full":
+                self.queue.add(ev, "request.rejected.queue_full", True, request_ids_of(ev))
+            elif f.get("reason") == "prompt_too_long":
+                self.context.add(ev, "request.rejected.prompt_too_long", True, request_ids_of(ev))
+        elif kind == "queue.full":
+            self.queue.add(ev, kind, True, request_ids_of(ev))
+        elif kind == "context.overflow" and ev.source != "engine-json":
+            self.context.add(ev, kind, True, request_ids_of(ev))
+        elif kind == "request.scheduled":
+            queue_s = f.get("queue_s")
+            if isinstance(queue_s, int | float) and queue_s >= SLOW_QUEUE_S:
+                self.num_slow_queue += 1
+                self.queue.add(ev, "request.scheduled.slow_queue", False, request_ids_of(ev))
+        elif kind == "http.access" and f.get("status") == 429:
+            self.queue.add(ev, "http.429", True, request_ids_of(ev))
+
+    def _stats(self, ev: Event) -> None:
+        f = ev.fields
+        preemptions = f.get("preemptions") or 0
+        if preemptions > 0:
+            if ev.source != "engine-json":  # the engine's own request.preempted events are counted already
+                self.num_preemptions += preemptions
+            self.preempt.add(ev, "stats.preemptions", True)
+        if (f.get("kv_usage") or 0) >= KV_FULL and self.preempt:
+            self.preempt.add(ev, "stats.kv_usage_high", False)
+        waiting = f.get("waiting") or 0
+        self.max_waiting = max(self.max_waiting, waiting)
+        if waiting >= 4 and waiting >= (f.get("running") or 0):
+            self.queue.add(ev, "stats.waiting", False)
+
+    def _metric(self, ev: Event) -> None:
+        f = ev.fields
+        name = f["metric"]
+        if name == "preemptions_total" and f["increase"] > 0:
+            if not self.num_preemptions:
+                self.num_preemptions = int(f["increase"])
+            self.preempt.add(ev, "metric.preemptions", True)
+        elif name == "retracted" and f["max"] > 0:
+            self.preempt.add(ev, "metric.retracted", True)
+        elif name == "kv_usage" and f["max"] >= KV_FULL and self.preempt:
+            self.preempt.add(ev, "metric.kv_usage_high", False)
+        elif name == "waiting" and f["max"] >= 4:
+            self.max_waiting = max(self.max_waiting, f["max"])
+            self.queue.add(ev, "metric.waiting", False)
+        elif name == "rejected_total" and f["labels"].get("reason") == "queue_full" and f["increase"] > 0:
+            self.queue.add(ev, "metric.rejected_queue_full", True)
+
+    def findings(self, facts: Facts) -> list[Finding]:
+        out = []
+        n = facts.num_requests
+        if self.preempt.num_decisive:
+            minor = n >= 20 and self.num_preemptions < MINOR_PREEMPTION_SHARE * n
+            if minor:
+                self.preempt.counter.append(
+                    f"only {self.num_preemptions} preemptions for {n} requests: a side effect, not the main load")
+            out.append(self.preempt.finding(
+                "KV cache exhausted: requests preempted and recomputed", EXPLAIN_PREEMPT, STEPS_PREEMPT,
+                Confidence.MEDIUM if minor else None, weight=float(self.num_preemptions)))
+        if self.queue:
+            out.extend(self._queue_finding(n))
+        if self.context:
+            out.append(self.context.finding(
+                "Requests longer than the context window", EXPLAIN_CONTEXT, STEPS_CONTEXT))
+        return out
+
+    def _queue_finding(self, n: int) -> list[Finding]:
+        q = self.queue
+        slow_enough = self.num_slow_queue >= max(3, 0.1 * n)
+        if q.num_decisive or slow_enough:
+            confidence = Confidence.HIGH
+        elif self.num_slow_queue or self.max_waiting >= 4:
+            confidence = Confidence.MEDIUM
+        else:
+            return []
+        detail = (f" {self.num_slow_queue} requests waited at least {SLOW_QUEUE_S:.0f} s before their first "
+                  f"schedule; the waiting queue peaked at {self.max_waiting:.0f}.")
+        return [q.finding("Requests queued beyond capacity", EXPLAIN_QUEUE + detail, STEPS_QUEUE, confidence)]

@@ -1,0 +1,176 @@
+"""Memory failures told apart by phase: weights, KV allocation at start-up, run time; and driver mismatch."""
+
+import re
+
+from triage.model import Confidence, Event, Finding
+from triage.rules import Candidate, Facts, Rule, request_ids_of
+
+WEIGHT_FRAMES = frozenset({
+    "load_weights", "load_model", "_load_model", "from_pretrained", "load_state_dict", "safe_open",
+    "load_checkpoint", "_load_weights", "get_model", "load_model_weights", "load_file", "_load_state_dict",
+    "initialize_model", "_initialize_model", "download_and_load_weights",
+})
+KV_FRAMES = frozenset({
+    "determine_available_memory", "profile_run", "_dummy_run", "_dummy_sampler_run", "capture_model",
+    "initialize_kv_cache", "_initialize_kv_caches", "initialize_cache", "determine_num_available_blocks",
+    "warmup", "warmup_model", "compile_or_warm_up_model", "_allocate_kv_cache", "allocate_kv_cache",
+    "init_kv_cache", "_init_cache", "initialize_from_config", "_initialize_kv_cache",
+})
+PHASE_TO_ID = {"weights": "oom-weights", "kv": "oom-kv-capacity", "runtime": "oom-runtime"}
+_PHASE_OF_MARKER = {"phase.weights_loading": "weights", "phase.weights_loaded": "kv", "phase.kv_setup": "kv",
+                    "phase.serving": "runtime"}
+_ENGINE_PHASE = {"load": "weights", "startup": "kv", "step": "runtime"}
+_FUNC = re.compile(r"in (\w+)\n")
+_OOM_WORDS = ("out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
+
+TITLES = {
+    "oom-weights": "Out of memory while loading the model weights",
+    "oom-kv-capacity": "Not enough memory for the KV cache at start-up",
+    "oom-runtime": "Out of memory at run time, under load",
+    "driver-mismatch": "CUDA driver and runtime do not match",
+}
+EXPLAIN = {
+    "oom-weights": "The weights did not fit: the failure happened before the model finished loading, so no "
+                   "setting of the KV cache or of the load can help; the model needs more memory, fewer bytes "
+                   "per weight, or more GPUs.",
+    "oom-kv-capacity": "The weights loaded, but the memory left for the KV cache cannot hold one sequence of "
+                       "max_model_len tokens (or warm-up at the configured batch size), so the engine refused "
+                       "to start.",
+    "oom-runtime": "The engine was serving when an allocation failed: a large batch, long prompts or "
+                   "fragmentation pushed memory past the device's capacity after start-up.",
+    "driver-mismatch": "The CUDA runtime the engine was built against needs a newer driver than the one "
+                       "installed (or the driver and its library disagree); errors that follow, including "
+                       "out-of-memory-looking ones, are symptoms.",
+}
+NEXT_STEPS = {
+    "oom-weights": ["llmtriage plan --model <model dir> --gpu-memory <GiB> (weights vs memory)",
+                    "use a quantized checkpoint or --dtype bfloat16/float16 instead of float32",
+                    "--tensor-parallel-size N to shard the weights across GPUs",
+                    "nvidia-smi: make sure no other process holds the GPU"],
+    "oom-kv-capacity": ["llmtriage plan --model <model dir> --gpu-memory <GiB> --max-model-len N",
+                        "lower --max-model-len to the estimated maximum the error prints",
+                        "raise --gpu-memory-utilization (or --kv-cache-memory / --num-kv-blocks)",
+                        "lower --max-num-seqs if warm-up failed"],
+    "oom-runtime": ["lower --max-num-seqs and --max-num-batched-tokens (smaller batches)",
+                    "lower --gpu-memory-utilization to leave headroom for activations",
+                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True when reserved-but-unallocated is large",
+                    "look at the prompts in flight: very long prompts raise activation memory"],
+    "driver-mismatch": ["nvidia-smi (the driver's highest supported CUDA version, top right)",
+                        "python -c 'import torch; print(torch.version.cuda, torch.cuda.is_available())'",
+                        "upgrade the NVIDIA driver, or install a torch/vLLM build for the installed CUDA",
+                        "after a driver upgrade without reboot (library mismatch): reboot or reload the module"],
+}
+
+
+class MemoryRule(Rule):
+    kinds = ("oom.cuda", "oom.host", "oom.kv_capacity", "oom.weights", "driver.mismatch", "engine.error",
+             "engine.startup", "phase.weights_loading", "phase.weights_loaded", "phase.kv_setup",
+             "phase.serving", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished")
+
+    def __init__(self):
+        self.cands = {fid: Candidate(fid) for fid in (*PHASE_TO_ID.values(), "driver-mismatch")}
+        self.file_phase: dict[str, str] = {}
+        self.num_guessed: dict[str, int] = {}
+        self.num_known: dict[str, int] = {}
+        self.driver_cuda: tuple[Event, str] | None = None
+        self.runtime_cuda: tuple[Event, str] | None = None
+        self.gpu_full: Event | None = None
+
+    def observe(self, ev: Event) -> None:
+        kind = ev.kind
+        if kind.startswith("phase."):
+            self.file_phase[ev.file] = _PHASE_OF_MARKER[kind]
+        elif kind == "engine.startup":
+            self.file_phase[ev.file] = "runtime"
+        elif kind == "driver.mismatch":
+            self.cands["driver-mismatch"].add(ev, "driver.mismatch", True)
+            self.cands["driver-mismatch"].cause = self.cands["driver-mismatch"].cause or ev.fields.get("cause")
+        elif kind == "oom.kv_capacity":
+            c = self.cands["oom-kv-capacity"]
+            c.add(ev, kind, True)
+            c.cause = c.cause or ev.fields.get("cause")
+        elif kind == "engine.error":
+            self._engine_error(ev)
+        elif kind in ("oom.cuda", "oom.host", "oom.weights") and ev.source != "engine-json":
+            self._oom(ev)
+        elif kind == "gpu.driver":
+            self.driver_cuda = (ev, ev.fields["cuda"])
+        elif kind == "cuda.runtime":
+            self.runtime_cuda = (ev, ev.fields["version"])
+        elif kind == "gpu.memory" and ev.fields["ratio"] >= 0.95:
+            self.gpu_full = ev
+        elif kind == "request.finished" and ev.fields.get("finish_reason") == "error":
+            if any(w in str(ev.fields.get("error", "")) for w in _OOM_WORDS):
+                self.cands["oom-runtime"].add(ev, "request.finished.error", False, request_ids_of(ev))
+
+    def _engine_error(self, ev: Event) -> None:
+        f = ev.fields
+        text = f"{f.get('exc_type', '')} {f.get('message', '')}"
+        if f.get("exc_type") == "CapacityError" or "KV cache is needed" in text:
+            c = self.cands["oom-kv-capacity"]
+            c.add(ev, "engine.error.capacity", True)
+            c.cause = c.cause or "kv-below-max-model-len"
+            return
+        if not any(w in text for w in _OOM_WORDS):
+            return
+        phase = _ENGINE_PHASE.get(f.get("phase")) or self._phase_from_frames(_FUNC.findall(str(f.get("traceback"))))
+        fid = PHASE_TO_ID[phase or "runtime"]
+        self.num_known[fid] = self.num_known.get(fid, 0) + 1
+        self.cands[fid].add(ev, f"engine.error.{f.get('phase')}", True, request_ids_of(ev))
+
+    @staticmethod
+    def _phase_from_frames(frames: list[str]) -> str | None:
+        names = set(frames)
+        if names & WEIGHT_FRAMES:
+            return "weights"
+        if names & KV_FRAMES:
+            return "kv"
+        if {"execute_model", "step", "_process_engine_step", "step_with_batch_queue", "generate"} & names:
+            return "runtime"
+        return None
+
+    def _oom(self, ev: Event) -> None:
+        phase = self._phase_from_frames(ev.fields.get("frames", []))
+        if phase is None:
+            phase = self.file_phase.get(ev.file)
+        if phase is None:
+            # No marker: a host OOM kill most often hits while weights load; a bare CUDA OOM is run time.
+            phase = "weights" if ev.kind in ("oom.host", "oom.weights") else "runtime"
+            self.num_guessed[PHASE_TO_ID[phase]] = self.num_guessed.get(PHASE_TO_ID[phase], 0) + 1
+        else:
+            if ev.kind == "oom.weights" and phase == "runtime":
+                phase = "weights"
+            self.num_known[PHASE_TO_ID[phase]] = self.num_known.get(PHASE_TO_ID[phase], 0) + 1
+        self.cands[PHASE_TO_ID[phase]].add(ev, ev.kind, True, request_ids_of(ev))
+
+    def findings(self, facts: Facts) -> list[Finding]:
+        self._driver_versions()
+        out = []
+        for fid, cand in self.cands.items():
+            if not cand:
+                continue
+            confidence = None
+            if self.num_guessed.get(fid) and not self.num_known.get(fid) and fid != "oom-kv-capacity":
+                confidence = Confidence.MEDIUM
+                cand.counter.append("the start-up phase is not visible in these logs; the phase is inferred")
+            if fid.startswith("oom") and self.gpu_full is not None:
+                cand.add(self.gpu_full, "nvidia-smi.memory_full", False)
+            if fid.startswith("oom") and self.cands["driver-mismatch"]:
+                cand.counter.append("a CUDA driver/runtime mismatch was also seen: it may be the real cause")
+            out.append(cand.finding(TITLES[fid], EXPLAIN[fid], NEXT_STEPS[fid], confidence))
+        return out
+
+    def _driver_versions(self) -> None:
+        """nvidia-smi's CUDA Version below the runtime a wheel was built for means the driver is too old."""
+        if self.driver_cuda is None or self.runtime_cuda is None:
+            return
+        try:
+            driver = tuple(int(x) for x in self.driver_cuda[1].split(".")[:2])
+            runtime = tuple(int(x) for x in self.runtime_cuda[1].split(".")[:2])
+        except ValueError:
+            return
+        if runtime > driver:
+            c = self.cands["driver-mismatch"]
+            c.add(self.driver_cuda[0], "nvidia-smi.cuda_version", False)
+            c.add(self.runtime_cuda[0], "runtime.cuda_version", False)
+            c.cause = c.cause or "driver-too-old"

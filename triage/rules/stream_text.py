@@ -1,0 +1,131 @@
+"""Finding builders and wording for the stream-cut family (kept apart from the signal bookkeeping)."""
+
+from triage.model import Confidence, Finding
+
+BUFFER_MIN_GAP_S = 0.25  # client TTFT this much above the engine's, and
+BUFFER_MIN_RATIO = 3.0  # this many times it, means something between them held the tokens back
+
+STEPS_CRASH = [
+    "read the engine log just before the first connection refused: the fatal error and its traceback",
+    "curl -s http://<engine>/ready ; systemctl status / kubectl describe pod (exit code, restarts)",
+    "if the fatal error is an OOM or a CUDA error, follow that finding first; then restart the engine",
+    "nginx: proxy_next_upstream error timeout; several replicas so one crash does not drop traffic",
+]
+STEPS_TIMEOUT = [
+    "raise proxy_read_timeout (nginx; ingress annotation nginx.ingress.kubernetes.io/proxy-read-timeout) above "
+    "the longest gap between tokens, including queueing before the first one",
+    "Envoy: route timeout: 0s and a stream_idle_timeout; ALB: raise the idle timeout",
+    "shorten TTFT: queueing before the first token is the usual long gap (see queue-backlog)",
+    "grep 'upstream timed out' /var/log/nginx/error.log | wc -l",
+]
+STEPS_CLIENT = [
+    "check the client's own timeout (openai timeout=, httpx.Timeout(read=...)) against the longest answers",
+    "count 499s: awk '$9 == 499' access.log | wc -l, and their $request_time spread",
+    "if users cancel on purpose (stop button), this is expected; if not, stream earlier or cap max_tokens",
+]
+STEPS_BUFFERING = [
+    "nginx: proxy_buffering off; (and proxy_cache off;) in the location that proxies /v1/",
+    "or have the server send X-Accel-Buffering: no on SSE responses",
+    "compare client TTFT (loadgen report) with llm_time_to_first_token_seconds after the change",
+]
+
+
+def crash_finding(rule) -> Finding:
+    c = rule.crash
+    for ev in rule.stream_cuts:
+        c.add(ev, ev.kind, False)
+    return c.finding(
+        "The engine crashed or stopped answering",
+        "The engine died (a fatal error, or its process went away); the gateway then found nothing listening "
+        "(connection refused, 502) or saw upstream connections close mid-stream. Cut streams and 502s "
+        "here are symptoms of the crash.", STEPS_CRASH)
+
+
+def _mode(counter) -> tuple[float, int] | None:
+    if not counter:
+        return None
+    value, count = counter.most_common(1)[0]
+    return (value, count) if count >= 3 else None
+
+
+def timeout_finding(rule) -> Finding:
+    t = rule.timeout
+    confidence = None
+    if not t:
+        for ev in rule.stream_cuts:
+            t.add(ev, ev.kind, False)
+        t.counter.append("a cut stream alone does not say who cut it: no gateway or engine log was seen")
+        confidence = Confidence.LOW
+    else:
+        for ev in rule.engine_aborts:
+            t.add(ev, "engine.aborted_by_gateway", False, [ev.fields.get("request_id")])
+        for ev in rule.stream_cuts:
+            t.add(ev, ev.kind, False)
+    detail = ""
+    mode = _mode(rule.timeout_durations)
+    if mode is not None:
+        detail = f" {mode[1]} requests lasted {mode[0]:.1f} s at the gateway: the configured timeout."
+    return t.finding(
+        "Streams cut by a gateway timeout",
+        "The gateway gave up on the upstream after its read timeout (nginx proxy_read_timeout, 60 s by "
+        "default) passed with no byte from the engine: a 504 before the headers, or a 200 cut short "
+        "mid-stream. The engine saw its client go away." + detail, STEPS_TIMEOUT, confidence)
+
+
+def client_finding(rule, facts) -> Finding | None:
+    c = rule.client
+    if rule.in_shutdown_tail(facts):
+        return None
+    if not c.num_decisive:
+        if rule.timeout.num_decisive or rule.crash.num_decisive or not rule.engine_aborts:
+            return None
+    for ev in rule.engine_aborts:
+        c.add(ev, "engine.aborted.client_disconnect", False, [ev.fields.get("request_id")])
+    durations = rule.client_durations
+    if len(durations) >= 3:
+        low, high = min(durations), max(durations)
+        if high > 0 and (high - low) / high < 0.02:
+            c.counter.append(f"disconnect times cluster at {high:.1f} s: a fixed timeout somewhere (the client's own?)")
+    if rule.timeout.num_decisive:
+        c.counter.append("gateway timeouts were also seen: some of these aborts may be the gateway's")
+    spread = f" Durations ranged {min(durations):.1f}-{max(durations):.1f} s." if len(durations) >= 2 else ""
+    return c.finding(
+        "Clients disconnected before their answers finished",
+        "Clients closed the connection first (nginx 499 or 'client prematurely closed connection', a client "
+        "cancel or its own read timeout); the engine aborted those requests and freed their blocks. Varied "
+        "durations point at people or client timeouts, not at the gateway." + spread, STEPS_CLIENT)
+
+
+def buffering_finding(rule) -> Finding | None:
+    from triage.rules.streams import median
+
+    b = rule.buffering
+    client = median(rule.client_ttft)
+    server = median(rule.server_ttft)
+    decisive = False
+    detail = ""
+    if client is not None and server is not None:
+        gap = client - server
+        if gap >= BUFFER_MIN_GAP_S and client >= BUFFER_MIN_RATIO * max(server, 1e-3):
+            decisive = True
+            detail = (f" Median client TTFT {client * 1000:.0f} ms vs engine TTFT {server * 1000:.0f} ms "
+                      f"({len(rule.client_ttft)} client and {len(rule.server_ttft)} engine samples).")
+        else:
+            b.counter.append(f"client TTFT (median {client * 1000:.0f} ms) is close to the engine's "
+                             f"({server * 1000:.0f} ms)")
+    if rule.num_bursty:
+        detail += f" {rule.num_bursty} requests received their tokens in bursts (gaps under 2 ms)."
+    if not decisive and not b.evidence.groups:
+        return None
+    if not decisive and not any(g.signal.startswith("config") for g in b.evidence.groups.values()):
+        return None
+    if rule.num_errors or rule.crash or rule.timeout:
+        b.counter.append("errors or cut streams were also seen: buffering alone causes no errors")
+    confidence = Confidence.HIGH if decisive else Confidence.MEDIUM
+    if decisive:
+        b.num_decisive += 1
+    return b.finding(
+        "Tokens held back by a buffering proxy",
+        "The engine produced its first token quickly but clients received it much later, with tokens "
+        "arriving in bursts and no error anywhere: a proxy between them buffers the SSE response "
+        "(nginx proxy_buffering on, its default)." + detail, STEPS_BUFFERING, confidence)

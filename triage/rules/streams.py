@@ -1,0 +1,187 @@
+"""Cut streams told apart: engine crash, gateway timeout, client disconnect, proxy buffering."""
+
+from collections import Counter
+
+from triage.model import Confidence, Event, Finding
+from triage.rules import Candidate, Facts, Rule, request_ids_of
+from triage.rules import stream_text as T
+
+SHUTDOWN_TAIL_S = 3.0  # disconnects this close to the end of a long log are the load stopping
+MAX_SAMPLES = 100_000
+
+
+def median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+class StreamRule(Rule):
+    kinds = ("engine.error", "engine.shutdown", "engine.fatal", "metric", "gateway.connect_refused",
+             "gateway.upstream_closed", "gateway.upstream_timeout", "gateway.client_closed", "http.access",
+             "http.error_page", "client.connect_refused", "client.stream_cut", "client.timeout",
+             "client.cancel", "request.aborted", "request.finished", "request.first_token", "client.request",
+             "config.proxy_buffering")
+
+    def __init__(self):
+        self.crash = Candidate("engine-crash")
+        self.timeout = Candidate("stream-cut-gateway-timeout")
+        self.client = Candidate("stream-cut-client-disconnect")
+        self.buffering = Candidate("stream-cut-proxy-buffering")
+        self.engine_aborts: list[Event] = []
+        self.stream_cuts: list[Event] = []
+        self.client_ts: list = []
+        self.server_ttft: list[float] = []
+        self.client_ttft: list[float] = []
+        self.client_e2e: list[float] = []
+        self.num_bursty = 0
+        self.num_client_records = 0
+        self.num_errors = 0
+        self.timeout_durations: Counter = Counter()
+        self.client_durations: list[float] = []
+
+    def observe(self, ev: Event) -> None:
+        handler = getattr(self, "_" + ev.kind.replace(".", "_"), None)
+        if handler is not None:
+            handler(ev)
+
+    # --- engine death ---
+    def _engine_error(self, ev: Event) -> None:
+        if ev.fields.get("fatal"):
+            self.crash.add(ev, "engine.error.fatal", True, request_ids_of(ev))
+        self.num_errors += 1
+
+    def _engine_shutdown(self, ev: Event) -> None:
+        if ev.fields.get("reason") == "fatal":
+            self.crash.add(ev, "engine.shutdown.fatal", True)
+
+    def _engine_fatal(self, ev: Event) -> None:
+        weak = ev.fields.get("weak") or ev.fields.get("startup")
+        self.crash.add(ev, "engine.fatal", not weak)
+
+    def _metric(self, ev: Event) -> None:
+        f = ev.fields
+        if f["metric"] == "up" and f["num_points"] > 1 and f["max"] >= 1 and f["last"] == 0:
+            self.crash.add(ev, "metric.up_dropped", False)
+        elif f["metric"] == "ready" and f["num_points"] > 1 and f["max"] >= 1 and f["last"] == 0:
+            self.crash.add(ev, "metric.ready_dropped", False)
+
+    def _gateway_connect_refused(self, ev: Event) -> None:
+        self.crash.add(ev, ev.kind, False)
+
+    def _gateway_upstream_closed(self, ev: Event) -> None:
+        self.crash.add(ev, ev.kind, False)
+
+    def _client_connect_refused(self, ev: Event) -> None:
+        self.crash.add(ev, ev.kind, False, request_ids_of(ev))
+
+    # --- gateway timeout ---
+    def _gateway_upstream_timeout(self, ev: Event) -> None:
+        self.timeout.add(ev, ev.kind, True)
+
+    def _http_error_page(self, ev: Event) -> None:
+        status = ev.fields.get("status")
+        if status == "504":
+            self.timeout.add(ev, "http.504_page", True)
+        else:
+            self.crash.add(ev, f"http.{status}_page", False)
+
+    def _http_access(self, ev: Event) -> None:
+        f = ev.fields
+        cut = f.get("cut")
+        if f.get("gateway") == "engine-json" or ev.source == "engine-json":
+            return
+        if cut == "timeout":
+            self.timeout.add(ev, f"{ev.source}.timeout", True, request_ids_of(ev))
+        elif cut == "client":
+            self.client.add(ev, f"{ev.source}.client_closed", True, request_ids_of(ev))
+            if f.get("duration_s") is not None and len(self.client_durations) < MAX_SAMPLES:
+                self.client_durations.append(f["duration_s"])
+            self.client_ts.append(ev.ts)
+        elif cut == "upstream_failed":
+            self.crash.add(ev, f"{ev.source}.upstream_failed", False, request_ids_of(ev))
+        duration = f.get("duration_s")
+        if duration and duration >= 1.0 and len(self.timeout_durations) < 10_000:
+            self.timeout_durations[round(duration, 1)] += 1
+
+    # --- client side ---
+    def _gateway_client_closed(self, ev: Event) -> None:
+        self.client.add(ev, ev.kind, True)
+        self.client_ts.append(ev.ts)
+
+    def _client_cancel(self, ev: Event) -> None:
+        self.client.add(ev, ev.kind, True, request_ids_of(ev))
+        self.client_ts.append(ev.ts)
+
+    def _client_timeout(self, ev: Event) -> None:
+        self.client.add(ev, ev.kind, True, request_ids_of(ev))
+        self.client_ts.append(ev.ts)
+
+    def _client_stream_cut(self, ev: Event) -> None:
+        if len(self.stream_cuts) < 1000:
+            self.stream_cuts.append(ev)
+
+    def _request_aborted(self, ev: Event) -> None:
+        reason = ev.fields.get("reason")
+        if reason in (None, "client_disconnect") and len(self.engine_aborts) < MAX_SAMPLES:
+            self.engine_aborts.append(ev)
+
+    # --- buffering: client vs engine time to first token ---
+    def _request_finished(self, ev: Event) -> None:
+        ttft = ev.fields.get("ttft_s")
+        if isinstance(ttft, int | float) and len(self.server_ttft) < MAX_SAMPLES:
+            self.server_ttft.append(float(ttft))
+        if ev.fields.get("finish_reason") == "error":
+            self.num_errors += 1
+
+    def _client_request(self, ev: Event) -> None:
+        f = ev.fields
+        self.num_client_records += 1
+        if f.get("ttft_s") is not None and len(self.client_ttft) < MAX_SAMPLES:
+            self.client_ttft.append(f["ttft_s"])
+            if f.get("e2e_s"):
+                self.client_e2e.append(f["e2e_s"])
+        itl = f.get("itl_s") or []
+        if len(itl) >= 4:
+            tiny = sum(1 for g in itl if isinstance(g, int | float) and g < 0.002)
+            if tiny >= 0.6 * len(itl):
+                self.num_bursty += 1
+        if self.num_client_records <= 3 or f.get("outcome") not in (None, "ok"):
+            self.buffering.add(ev, "client.request", False, request_ids_of(ev))
+
+    def _config_proxy_buffering(self, ev: Event) -> None:
+        value = ev.fields.get("value", "").lower()
+        if value in ("on", "yes"):
+            self.buffering.add(ev, "config.proxy_buffering_on", False)
+        else:
+            self.buffering.counter.append(f"{ev.file}:{ev.line}: {ev.text.strip()}")
+
+    def findings(self, facts: Facts) -> list[Finding]:
+        out: list[Finding] = []
+        if self.crash:
+            out.append(T.crash_finding(self))
+        if self.timeout or (self.stream_cuts and not self.crash):
+            out.append(T.timeout_finding(self))
+        client = T.client_finding(self, facts)
+        if client is not None:
+            out.append(client)
+        buffering = T.buffering_finding(self)
+        if buffering is not None:
+            out.append(buffering)
+        return out
+
+    def in_shutdown_tail(self, facts: Facts) -> bool:
+        """Every disconnect came in the last seconds of a long log: the load stopping, not an incident."""
+        if facts.num_requests < 20 or facts.last_ts is None:
+            return False
+        stamps = [ts for ts in self.client_ts if ts is not None] + [
+            e.ts for e in self.engine_aborts if e.ts is not None]
+        if not stamps or len(stamps) < len(self.client_ts) + len(self.engine_aborts):
+            return False
+        return all((facts.last_ts - ts).total_seconds() <= SHUTDOWN_TAIL_S for ts in stamps)
+
+    @staticmethod
+    def confidence_of(cand: Candidate) -> Confidence:
+        return Confidence.HIGH if cand.num_decisive else Confidence.MEDIUM

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -61,16 +62,22 @@ class GpuCollector:
         self._known: dict[str, GpuIdentity] = {}  # uuid -> last identity: a vanished GPU stays visible, down
         self._absent: set[tuple[str, str]] = set()  # (uuid, field key) NotSupported in this NVML generation
         self._absent_generation = 0
+        self._scrape_generation = 0  # the NVML generation the current scrape's handles belong to
         self._logged: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
+        with self._lock:  # the HTTP server is threaded; scrapes share the known-GPU and NotSupported state
+            families = self._collect_locked()
+        yield from families
+
+    def _collect_locked(self) -> Families:
         families = Families()
         stats: dict[str, CollectorStat] = {"nvml": CollectorStat()}
         start = self._timer()
-        generation = self._session.generation
         result = ScrapeResult()
         if self._session.ensure_up():
-            generation = self._session.generation
+            generation = self._scrape_generation = self._session.generation
             try:
                 result = self._collect_gpus(stats)
             except NvmlGoneError as exc:
@@ -81,7 +88,7 @@ class GpuCollector:
         self._add_gpus(families, result)
         self._add_health(families, stats)
         self._add_xid(families)
-        yield from families
+        return families
 
     def _collect_gpus(self, stats: dict[str, CollectorStat]) -> ScrapeResult:
         nvml = self._session.nvml
@@ -154,7 +161,7 @@ class GpuCollector:
     def _gpu_lost(self, gpu: GpuIdentity, reason: str, result: ScrapeResult) -> None:
         log.error("GPU lost: %s; marking it down and re-initialising NVML", reason)
         result.gpu_up[gpu.uuid or f"#{gpu.index}"] = (gpu, False)
-        self._session.request_reinit(reason, self._session.generation)
+        self._session.request_reinit(reason, self._scrape_generation)
 
     def _identity_at(self, index: int) -> GpuIdentity:
         """Labels for a GPU that cannot be asked its UUID: the last one seen at this index."""

@@ -28,6 +28,16 @@ def tiny_loaded(dtype: torch.dtype = torch.float64) -> LoadedModel:
     return LoadedModel(model, TINY_CONFIG, builtin_tokenizer(), "tiny", "tiny-digest", weights_bytes)
 
 
+@pytest.fixture(autouse=True)
+def single_thread():
+    """The tiny model's matmuls are far too small for two threads: on a busy machine the thread
+    hand-off costs 10x the work. Restored after each test so other packages' tests see no change."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def loaded() -> LoadedModel:
     return tiny_loaded()

@@ -131,9 +131,9 @@ class GpuCollector:
     def _read_field(self, f: Field, gpu: GpuIdentity, handle: object,
                     stats: dict[str, CollectorStat]) -> list[Sample]:
         nvml = self._session.nvml
+        stat = stats.setdefault(f.collector, CollectorStat())  # reported even when every field is absent
         if (gpu.uuid, f.key) in self._absent:
             return []
-        stat = stats.setdefault(f.collector, CollectorStat())
         start = self._timer()
         try:
             return f.read(nvml, handle)

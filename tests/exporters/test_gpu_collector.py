@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pynvml
-from conftest import UUIDS, Rig, gpu_key, key, names_for_gpu
+from gpu_rig import UUIDS, Rig, gpu_key, key, names_for_gpu
 
 from exporters.fields import THROTTLE_REASON_BITS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from conftest import Rig
+from gpu_rig import Rig
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 

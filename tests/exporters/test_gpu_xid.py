@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pynvml
-from conftest import UUIDS, Rig, gpu_key, key
+from gpu_rig import UUIDS, Rig, gpu_key, key
 
 U0, U1, U2 = UUIDS
 

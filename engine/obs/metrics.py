@@ -41,7 +41,7 @@ _REQ = ("model", "finish_reason")
 SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("llm_requests_running", Kind.GAUGE, "Requests in the running batch."),
     MetricSpec("llm_requests_waiting", Kind.GAUGE, "Requests waiting to be scheduled."),
-    MetricSpec("llm_kv_cache_blocks_total", Kind.GAUGE, "KV cache blocks in the pool."),
+    MetricSpec("llm_kv_cache_blocks_capacity", Kind.GAUGE, "KV cache blocks in the pool."),
     MetricSpec("llm_kv_cache_blocks_used", Kind.GAUGE,
                "KV cache blocks held by live requests (0 when idle, even with a warm prefix cache)."),
     MetricSpec("llm_kv_cache_blocks_cached", Kind.GAUGE, "Free KV cache blocks holding a cached prefix."),
@@ -132,7 +132,7 @@ class PrometheusSink:
         return self.m[name].labels(self.model)
 
     def set_blocks_total(self, num_blocks: int) -> None:
-        self._one("llm_kv_cache_blocks_total").set(num_blocks)
+        self._one("llm_kv_cache_blocks_capacity").set(num_blocks)
 
     def on_step(self, stats: StepStats | None, outputs: list[RequestOutput]) -> None:
         if stats is not None:
@@ -144,7 +144,7 @@ class PrometheusSink:
     def _observe_step(self, s: StepStats) -> None:
         self._one("llm_requests_running").set(s.num_running)
         self._one("llm_requests_waiting").set(s.num_waiting)
-        self._one("llm_kv_cache_blocks_total").set(s.num_blocks_total)
+        self._one("llm_kv_cache_blocks_capacity").set(s.num_blocks_total)
         self._one("llm_kv_cache_blocks_used").set(s.num_blocks_used)
         self._one("llm_kv_cache_blocks_cached").set(s.num_blocks_cached)
         self._one("llm_kv_cache_usage_ratio").set(s.kv_usage)

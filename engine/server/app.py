@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.errors import EngineError
 from engine.server import protocol as p
 from engine.server.builder import package_version
 from engine.server.errors import APIError, BadRequest, NotFound, map_exception
@@ -68,6 +69,9 @@ def create_app(state: ServerState):
     app.state.llm = state
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_exception)
+    app.add_exception_handler(APIError, _error_response)
+    app.add_exception_handler(EngineError, _error_response)
+    # Anything else: a generic 500 (starlette then re-raises; ObservedASGI swallows it, logged here).
     app.add_exception_handler(Exception, _error_response)
 
     @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)

@@ -26,7 +26,7 @@ class ObservedASGI:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.monotonic()
-        status = {"code": 500}
+        status: dict[str, int | None] = {"code": None}
 
         async def send_observed(message):
             if message["type"] == "http.response.start":
@@ -44,8 +44,11 @@ class ObservedASGI:
                     code="request_too_large"))
             else:
                 await self.app(scope, replay, send_observed)
+        except Exception:  # noqa: BLE001 - already answered 500 and logged by the app's handler
+            if status["code"] is None:
+                await _send_error(send_observed, map_exception(RuntimeError()))
         finally:
-            self._observe(scope, status["code"], time.monotonic() - start)
+            self._observe(scope, status["code"] or 500, time.monotonic() - start)
 
     async def _read_body(self, scope, receive):
         """Read the whole body if within the limit; return a receive() that replays it, else None."""

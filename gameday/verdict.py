@@ -7,13 +7,14 @@ from datetime import datetime
 from pathlib import Path
 
 from gameday.checks import AlertWatcher, TriageResult, runbook_file
+from gameday.load import read_summary as load_summary
 from gameday.scenarios import Scenario
 from gameday.stack import Stack
 
 # ingress-nginx upstreaminfo, as written by gameday.nginx
 _ACCESS = re.compile(
     r'^\S+ - \S+ \[(?P<time>[^\]]+)\] "(?P<request>[^"]*)" (?P<status>\d{3}) (?P<bytes>\d+) "[^"]*" "[^"]*" '
-    r"\d+ (?P<request_time>[\d.]+) \[[^\]]*\] \[[^\]]*\] (?P<upstream>\S+(?:, \S+)*) ")
+    r"\d+ (?P<request_time>[\d.]+) \[[^\]]*\] \[[^\]]*\] (?P<upstream>[^\s,]+(?:, [^\s,]+)*) ")
 
 
 def check(scenario: Scenario, stack: Stack, watcher: AlertWatcher, triage: TriageResult,
@@ -22,7 +23,27 @@ def check(scenario: Scenario, stack: Stack, watcher: AlertWatcher, triage: Triag
     failures += check_triage(scenario, triage)
     if scenario.faults:
         failures += check_replica_down(stack, watcher, log, notes)
+    if scenario.min_client_ttft_ratio is not None:
+        failures += check_client_ttft(scenario.min_client_ttft_ratio, stack, notes)
     return failures
+
+
+def check_client_ttft(min_ratio: float, stack: Stack, notes: list[str]) -> list[str]:
+    """The client sees its first token far later than the engine produced it (a buffering gateway)."""
+    assert stack.prom is not None
+    engine = stack.prom.query("sum(llm_time_to_first_token_seconds_sum) / sum(llm_time_to_first_token_seconds_count)")
+    summaries = [load_summary(d) for d in sorted((stack.report_dir / "load").glob("*"))]
+    client = [s["ttft_s"]["p50"] for s in summaries if s and (s.get("ttft_s") or {}).get("p50") is not None]
+    if not engine or not client:
+        return [f"cannot compare TTFT: engine mean {'missing' if not engine else 'ok'}, "
+                f"client p50 {'missing' if not client else 'ok'} (loadgen summary JSON)"]
+    engine_s = float(engine[0]["value"][1])
+    ratio = client[0] / engine_s if engine_s > 0 else float("inf")
+    notes.append(f"TTFT: client p50 {client[0]:.3f}s, engine mean {engine_s:.3f}s, ratio {ratio:.1f}")
+    if ratio < min_ratio:
+        return [f"client TTFT p50 {client[0]:.3f}s is only {ratio:.1f}x the engine's {engine_s:.3f}s "
+                f"(expected >= {min_ratio}x behind a buffering proxy)"]
+    return []
 
 
 def check_alerts(scenario: Scenario, watcher: AlertWatcher) -> list[str]:

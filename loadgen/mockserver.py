@@ -76,6 +76,7 @@ class MockServer:
         self.port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
+        self._thread: threading.Thread | None = None
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         self._server = await asyncio.start_server(self._handle, host, port, backlog=1024)
@@ -87,24 +88,34 @@ class MockServer:
         ready = threading.Event()
 
         def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self.start())
+            loop = self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(self.start())
             ready.set()
-            self._loop.run_forever()
+            loop.run_forever()
+            self._server.close()
+            tasks = asyncio.all_tasks(loop)
+            for t in tasks:
+                t.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.close()
 
-        threading.Thread(target=run, name="mockserver", daemon=True).start()
+        self._thread = threading.Thread(target=run, name="mockserver", daemon=True)
+        self._thread.start()
         ready.wait(10)
         return self.port
 
     def stop(self) -> None:
-        if self._loop is not None:
+        if self._loop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._thread = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while await self._one_request(reader, writer):
                 pass
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
             writer.close()

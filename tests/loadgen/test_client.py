@@ -1,0 +1,91 @@
+"""One streamed request through Locust's HttpSession against the mock server: outcome and kind per fault."""
+
+import pytest
+from locust.clients import HttpSession
+from locust.event import EventHook
+
+from loadgen.client import RequestSpec, StreamSettings, run_request
+from loadgen.clientlog import ClientLog
+from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
+
+
+def spec(num_tokens: int = 6) -> RequestSpec:
+    body = {"model": "mock-model", "messages": [{"role": "user", "content": "one two three"}],
+            "max_tokens": num_tokens, "stream": True, "stream_options": {"include_usage": True}}
+    return RequestSpec(path="/v1/chat/completions", body=body, name="chat", max_tokens=num_tokens)
+
+
+def send(port: int, settings: StreamSettings | None = None, log: ClientLog | None = None):
+    events = []
+    hook = EventHook()
+    hook.add_listener(lambda **kw: events.append(kw))
+    session = HttpSession(f"http://127.0.0.1:{port}", request_event=hook, user=None)
+    record = RequestRecord(request_id="req-1", worker="local", profile="steady", scheduled_unix=0.0)
+    import time
+
+    text = run_request(session, spec(), record, settings or StreamSettings(timeout_s=5), time.perf_counter(), log=log)
+    return record, text, events
+
+
+def test_ok_stream_timings_and_usage(mock_server):
+    server = mock_server(ttft_s=0.05, itl_s=0.02)
+    record, text, events = send(server.port)
+    assert record.outcome is Outcome.OK and record.failure_kind is None
+    assert text == "".join(f" tok{k}" for k in range(6))
+    assert record.num_chunks == 6 and len(record.itl_s) == 5
+    assert (record.output_tokens, record.output_tokens_source) == (6, TokenSource.USAGE)
+    assert record.prompt_tokens == 3 and record.cached_tokens == 0
+    assert record.ttft_s == pytest.approx(0.05, abs=0.015)
+    assert record.tpot_s == pytest.approx(0.02, abs=0.005)
+    assert [e["request_type"] for e in events] == ["POST"] and events[0]["exception"] is None
+
+
+@pytest.mark.parametrize("fault, kind, text", [
+    ("cut", FailureKind.STREAM_CUT, "requests.exceptions.ChunkedEncodingError: "),
+    ("error", FailureKind.ERROR_EVENT, "openai.APIError: CUDA out of memory (injected)"),
+    ("http503", FailureKind.HTTP_STATUS, "requests.exceptions.HTTPError: 503 Server Error: Service Unavailable"),
+    ("nodone", FailureKind.STREAM_CUT, "loadgen.StreamCut: stream closed after 6 content chunks without data"),
+])
+def test_each_fault_is_a_failure_of_its_kind(mock_server, tmp_path, fault, kind, text):
+    server = mock_server(ttft_s=0.01, itl_s=0.005, faults=(fault,))
+    log = ClientLog(tmp_path / "client.log")
+    record, _, events = send(server.port, log=log)
+    log.close()
+    assert record.outcome is Outcome.FAILED
+    assert record.failure_kind is kind
+    assert record.error.startswith(text)
+    assert events[0]["exception"].kind is kind
+    line = (tmp_path / "client.log").read_text().strip()
+    assert f" ERROR loadgen request_id=req-1 kind={kind.value} " in line and line.endswith(record.error)
+
+
+def test_silent_stream_is_a_timeout(mock_server):
+    server = mock_server(ttft_s=0.01, itl_s=0.005, faults=("hang",))
+    record, _, _ = send(server.port, StreamSettings(timeout_s=0.3))
+    assert (record.outcome, record.failure_kind) == (Outcome.FAILED, FailureKind.TIMEOUT)
+    assert "Read timed out" in record.error
+
+
+def test_refused_connection_is_a_connect_error(mock_server):
+    server = mock_server()
+    server.stop()
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    record, _, events = send(port)
+    assert (record.outcome, record.failure_kind) == (Outcome.FAILED, FailureKind.CONNECT_ERROR)
+    assert record.error.startswith("requests.exceptions.ConnectionError: ")
+    assert "Connection refused" in record.error
+
+
+def test_abort_closes_after_n_chunks_and_is_not_a_failure(mock_server, tmp_path):
+    server = mock_server(ttft_s=0.01, itl_s=0.01)
+    log = ClientLog(tmp_path / "client.log", fmt="json")
+    record, _, events = send(server.port, StreamSettings(timeout_s=5, abort_after_tokens=2), log=log)
+    log.close()
+    assert record.outcome is Outcome.ABORTED and record.failure_kind is None
+    assert record.num_chunks == 2
+    assert events[0]["exception"] is None
+    assert '"event": "request.aborted"' in (tmp_path / "client.log").read_text()

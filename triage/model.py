@@ -98,8 +98,16 @@ class EvidenceSet:
     def __init__(self, max_groups: int = 200):
         self.groups: dict[tuple, EvidenceGroup] = {}
         self.max_groups = max_groups
+        self.recent_lines: set[tuple] = set()  # one line read as two signals counts once
 
     def add(self, ev: Event, signal: str, decisive: bool) -> None:
+        if ev.line is not None:
+            where = (ev.file, ev.line)
+            if where in self.recent_lines:
+                return
+            if len(self.recent_lines) > 10_000:
+                self.recent_lines.clear()
+            self.recent_lines.add(where)
         key = (ev.file, signal, decisive, template_of(ev.text))
         sighting = Sighting(ev.line, ev.ts, ev.text[:MAX_TEXT])
         group = self.groups.get(key)

@@ -9,6 +9,7 @@ from triage.rules import cache_text as T
 MAX_KEYS = 50_000
 MAX_SAMPLE_KEYS = 1000
 LOW_HIT_RATE = 0.3
+PROMPT_KEY_CHARS = 100  # prompts whose first 100 characters agree once ids and times are masked share a prefix
 _DYNAMIC = re.compile(
     r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?Z?|\d\d:\d\d:\d\d|"
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\b[0-9a-f]{12,}\b|\b\d{6,}\b|"
@@ -124,7 +125,7 @@ class CacheRule(Rule):
         head = prompt[:64]
         if not _DYNAMIC.search(head):
             return
-        key = _DYNAMIC.sub("<dyn>", prompt[:200])
+        key = _DYNAMIC.sub("<dyn>", prompt[:200])[:PROMPT_KEY_CHARS]
         variants = self.text_prefixes.get(key)
         if variants is None:
             if len(self.text_prefixes) >= MAX_KEYS:

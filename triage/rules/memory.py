@@ -85,7 +85,7 @@ class MemoryRule(Rule):
         elif kind == "driver.mismatch":
             self.cands["driver-mismatch"].add(ev, "driver.mismatch", True)
             self.cands["driver-mismatch"].cause = self.cands["driver-mismatch"].cause or ev.fields.get("cause")
-        elif kind == "oom.kv_capacity":
+        elif kind == "oom.kv_capacity" and ev.source != "engine-json":  # engine.error covers its own
             c = self.cands["oom-kv-capacity"]
             c.add(ev, kind, True)
             c.cause = c.cause or ev.fields.get("cause")

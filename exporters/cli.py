@@ -43,6 +43,7 @@ class ExporterConfig:
     nvml_retry_interval_s: float = 30.0
     process_metrics: bool = True
     xid_wait_ms: int = 1000
+    nvml_timeout_s: float = 5.0
     log_level: str = "info"
 
 
@@ -93,11 +94,13 @@ def parse_args(argv: list[str] | None) -> ExporterConfig:
                         help="omit llm_gpu_process_memory_used_bytes (one series per GPU process)")
     parser.add_argument("--xid-wait-ms", type=_positive_ms, default=1000, metavar="MS",
                         help="XID event thread's nvmlEventSetWait timeout (default 1000)")
+    parser.add_argument("--nvml-timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
+                        help="longest a scrape waits for NVML before serving llm_gpu_nvml_up 0 (default 5)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     args = parser.parse_args(argv)
     return ExporterConfig(host=args.host, port=args.port, nvml_retry_interval_s=args.nvml_retry_interval,
                           process_metrics=not args.no_process_metrics, xid_wait_ms=args.xid_wait_ms,
-                          log_level=args.log_level)
+                          nvml_timeout_s=args.nvml_timeout, log_level=args.log_level)
 
 
 def _setup_logging(level: str) -> None:
@@ -118,7 +121,8 @@ def run(config: ExporterConfig, nvml: Nvml, stop: threading.Event | None = None)
     session.ensure_up()
     watcher = XidWatcher(session, wait_ms=config.xid_wait_ms)
     registry = CollectorRegistry()
-    registry.register(GpuCollector(session, watcher, process_metrics=config.process_metrics))
+    registry.register(GpuCollector(session, watcher, process_metrics=config.process_metrics,
+                                   read_timeout_s=config.nvml_timeout_s))
     try:
         httpd, _ = start_http_server(config.port, addr=config.host, registry=registry)
     except socket.gaierror as exc:

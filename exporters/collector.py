@@ -50,12 +50,29 @@ class GpuLostError(Exception):
     """One GPU stopped answering during the scrape."""
 
 
+@dataclass(slots=True)
+class InflightRead:
+    """One NVML read running in its own thread, so a wedged driver cannot hang the scrape."""
+    started_ts: float
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Families | None = None
+    error: BaseException | None = None
+
+
 class GpuCollector:
-    """Custom collector: register with a CollectorRegistry; `collect()` runs at every scrape."""
+    """Custom collector: register with a CollectorRegistry; `collect()` runs at every scrape.
+
+    With `read_timeout_s`, NVML is read in a worker thread; a read that has not returned in time
+    (a driver stuck in D-state) yields llm_gpu_nvml_up 0 and every known GPU down, and later scrapes
+    wait on that same read rather than piling up new ones.
+    """
 
     def __init__(self, session: NvmlSession, xid: XidWatcher | None = None, process_metrics: bool = True,
-                 timer: Callable[[], float] = time.perf_counter):
+                 timer: Callable[[], float] = time.perf_counter, read_timeout_s: float | None = None):
         self._session = session
+        self._read_timeout_s = read_timeout_s
+        self._inflight: InflightRead | None = None
+        self._guard_lock = threading.Lock()
         self._xid = xid
         self._fields: tuple[Field, ...] = DEVICE_FIELDS + ((PROCESS_FIELD,) if process_metrics else ())
         self._timer = timer
@@ -65,11 +82,54 @@ class GpuCollector:
         self._scrape_generation = 0  # the NVML generation the current scrape's handles belong to
         self._logged: set[tuple[str, str, str]] = set()
         self._lock = threading.Lock()
+        self._logged_hang: float | None = None  # started_ts of the read last reported as hung
 
     def collect(self) -> Iterator[Metric]:
-        with self._lock:  # the HTTP server is threaded; scrapes share the known-GPU and NotSupported state
-            families = self._collect_locked()
+        if self._read_timeout_s is None:
+            with self._lock:  # the HTTP server is threaded; scrapes share the known-GPU and NotSupported state
+                families = self._collect_locked()
+        else:
+            families = self._collect_guarded(self._read_timeout_s)
         yield from families
+
+    def _collect_guarded(self, timeout_s: float) -> Families:
+        with self._guard_lock:
+            read = self._inflight
+            if read is None or read.done.is_set():
+                read = self._inflight = InflightRead(time.monotonic())
+                threading.Thread(target=self._read_into, args=(read,), name="nvml-read", daemon=True).start()
+        if not read.done.wait(timeout_s):
+            return self._hung_families(time.monotonic() - read.started_ts)
+        if read.error is not None:
+            raise read.error
+        assert read.result is not None
+        return read.result
+
+    def _read_into(self, read: InflightRead) -> None:
+        try:
+            with self._lock:
+                read.result = self._collect_locked()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting scrape
+            read.error = exc
+        finally:
+            if self._logged_hang and read.started_ts == self._logged_hang:
+                log.warning("NVML answered again after %.1fs", time.monotonic() - read.started_ts)
+            read.done.set()
+
+    def _hung_families(self, waited_s: float) -> Families:
+        read = self._inflight
+        if read is not None and self._logged_hang != read.started_ts:
+            self._logged_hang = read.started_ts
+            log.error("NVML has not answered for %.1fs (a wedged driver?); serving llm_gpu_nvml_up 0 until it does",
+                      waited_s)
+        families = Families()
+        for gpu in sorted(list(self._known.values()), key=lambda g: (g.index, g.uuid)):
+            families.add("llm_gpu_up", gpu.labels, 0.0)
+        families.add("llm_gpu_nvml_up", (), 0.0)
+        families.add("llm_gpu_collector_success", ("nvml",), 0.0)
+        families.add("llm_gpu_collector_duration_seconds", ("nvml",), waited_s)
+        self._add_xid(families)
+        return families
 
     def _collect_locked(self) -> Families:
         families = Families()

@@ -39,6 +39,8 @@ class FakeGpu:
     # function name -> error class it raises for this GPU (e.g. pynvml.NVMLError_NotSupported)
     errors: dict[str, type[pynvml.NVMLError]] = field(default_factory=dict)
     lost: bool = False  # every call on this GPU raises NVMLError_GpuIsLost
+    # function name -> event the call blocks on until set (a driver stuck in D-state)
+    hangs: dict[str, threading.Event] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -89,6 +91,8 @@ class FakeNvml:
 
     def _dev(self, handle: FakeGpu, fn: str) -> FakeGpu:
         self._check()
+        if fn in handle.hangs:
+            handle.hangs[fn].wait(60)
         if handle.lost:
             raise pynvml.NVMLError_GpuIsLost()
         if fn in handle.errors:

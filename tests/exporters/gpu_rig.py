@@ -49,14 +49,16 @@ def names_for_gpu(samples: dict, uuid: str) -> set[str]:
 class Rig:
     """A fake NVML with three GPUs, a session on a manual clock, a watcher and a collector."""
 
-    def __init__(self, num_gpus: int = 3, library_present: bool = True, process_metrics: bool = True):
+    def __init__(self, num_gpus: int = 3, library_present: bool = True, process_metrics: bool = True,
+                 read_timeout_s: float | None = None):
         self.gpus = [FakeGpu(uuid=UUIDS[i]) for i in range(num_gpus)]
         self.nvml = FakeNvml(self.gpus, library_present=library_present)
         self.clock = ManualClock()
         self.wall = ManualClock(1_790_000_000.0)
         self.session = NvmlSession(self.nvml, retry_interval_s=30.0, clock=self.clock)
         self.watcher = XidWatcher(self.session, wait_ms=10, wall_clock=self.wall)
-        self.collector = GpuCollector(self.session, self.watcher, process_metrics=process_metrics)
+        self.collector = GpuCollector(self.session, self.watcher, process_metrics=process_metrics,
+                                      read_timeout_s=read_timeout_s)
 
     def scrape(self) -> dict:
         return scrape(self.collector)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pynvml
 from gpu_rig import UUIDS, Rig, gpu_key, key, names_for_gpu
@@ -229,3 +230,27 @@ def test_no_process_metrics_never_asks_nvml_for_processes() -> None:
     assert not any(name == "llm_gpu_process_memory_used_bytes" for name, _ in s)
     assert key("llm_gpu_collector_success", collector="processes") not in s
     assert s[gpu_key("llm_gpu_up", 0, U0)] == 1.0
+
+
+def test_hung_nvml_call_serves_nvml_down_without_piling_up_reads(caplog) -> None:
+    rig = Rig(read_timeout_s=0.2)
+    assert rig.scrape()[key("llm_gpu_nvml_up")] == 1.0  # runs in the worker, returns in time
+    release = threading.Event()
+    rig.gpus[1].hangs["nvmlDeviceGetPowerUsage"] = release
+    with caplog.at_level(logging.WARNING, logger="llm-gpu-exporter"):
+        for _ in range(2):
+            s = rig.scrape()
+            assert s[key("llm_gpu_nvml_up")] == 0.0
+            assert s[key("llm_gpu_collector_success", collector="nvml")] == 0.0
+            assert [s[gpu_key("llm_gpu_up", i, u)] for i, u in enumerate(UUIDS)] == [0.0, 0.0, 0.0]
+            assert names_for_gpu(s, U0) == {"llm_gpu_up"}
+        assert sum(t.name == "nvml-read" for t in threading.enumerate()) == 1  # one stuck read, not one per scrape
+        del rig.gpus[1].hangs["nvmlDeviceGetPowerUsage"]
+        release.set()
+        assert rig.collector._inflight.done.wait(30)
+    hung = [r.getMessage() for r in caplog.records if "has not answered" in r.getMessage()]
+    assert len(hung) == 1
+    assert any(r.getMessage().startswith("NVML answered again after") for r in caplog.records)
+    s = rig.scrape()
+    assert s[key("llm_gpu_nvml_up")] == 1.0
+    assert s[gpu_key("llm_gpu_power_watts", 1, U1)] == 512.345

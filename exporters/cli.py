@@ -142,7 +142,11 @@ def run(config: ExporterConfig, nvml: Nvml, stop: threading.Event | None = None)
     httpd.shutdown()
     httpd.server_close()
     watcher.stop()
-    session.shutdown()
+    closer = threading.Thread(target=session.shutdown, name="nvml-shutdown", daemon=True)
+    closer.start()
+    closer.join(10.0)
+    if closer.is_alive():  # a wedged driver: exiting matters more than a clean nvmlShutdown
+        log.error("nvmlShutdown did not return within 10s; exiting anyway")
     return 0
 
 

@@ -151,15 +151,16 @@ class AsyncEngine:
                 self._deliver(item.request_id, exc)
 
     def _dispatch(self, result: StepResult) -> None:
-        for output in result.outputs:
-            self._deliver(output.request_id, output)
+        # Sinks first: once a client holds its final output, metrics and logs already count it.
+        if result.error is not None:
+            self._notify_error(result.error.exc, result.error.traceback, result.error.request_ids)
         for listener in self._step_listeners:
             try:
                 listener(result.stats, result.outputs)
             except Exception:  # noqa: BLE001 - a sink must never stop the engine
                 logger.exception("step listener failed")
-        if result.error is not None:
-            self._notify_error(result.error.exc, result.error.traceback, result.error.request_ids)
+        for output in result.outputs:
+            self._deliver(output.request_id, output)
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         with self._lock:

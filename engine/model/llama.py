@@ -11,6 +11,7 @@ from engine.errors import ModelLoadError
 from engine.model.attention import AttentionMetadata, PagedPlan, paged_attention, plan_paged
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+MODEL_TYPE_TO_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 @dataclass(slots=True)
@@ -35,11 +36,11 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
         """Build from a Hugging Face config.json dict; ModelLoadError for what we cannot run."""
-        archs = hf.get("architectures") or []
-        arch = archs[0] if archs else None
+        archs = hf.get("architectures") or [MODEL_TYPE_TO_ARCH.get(hf.get("model_type"))]
+        arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(
-                f"unsupported architecture {arch!r} in config.json; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"unsupported architecture {arch or hf.get('model_type')!r} in config.json; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         if hf.get("mlp_bias"):
             raise ModelLoadError("config.json sets mlp_bias=true, which this engine does not support")

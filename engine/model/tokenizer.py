@@ -44,7 +44,7 @@ class ChatTemplate:
         """The prompt text with the generation prompt; InvalidRequestError if the template refuses."""
         try:
             return self._template.render(
-                messages=messages, add_generation_prompt=True,
+                messages=messages, add_generation_prompt=True, tools=None, documents=None,
                 bos_token=self._bos_token or "", eos_token=self._eos_token or "",
             )
         except jinja2.TemplateError as exc:

@@ -125,6 +125,10 @@ def test_other_hf_config_refusals():
     windowed = ModelConfig.from_hf({**base, "sliding_window": 128})
     assert windowed.max_position_embeddings == 128  # no sliding-window kernel: stay inside it
     assert ModelConfig.from_hf({**base, "eos_token_id": [7, 8]}).eos_token_id == 7
+    untyped = {k: v for k, v in base.items() if k != "architectures"}
+    assert ModelConfig.from_hf({**untyped, "model_type": "qwen2"}).attention_bias
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'gpt2'"):
+        ModelConfig.from_hf({**untyped, "model_type": "gpt2"})
 
 
 FORBIDDEN = ("prometheus_client", "fastapi", "opentelemetry", "pynvml")

@@ -1,0 +1,5 @@
+"""`python -m engine.server` runs llmserve."""
+
+from engine.server.cli import main
+
+main()

@@ -251,6 +251,8 @@ class GpuCollector:
             versions = session.versions
             families.add("llm_gpu_nvml_info", tuple(versions.get(k, "") for k in
                                                     ("driver_version", "nvml_version", "cuda_driver_version")), 1.0)
+        elif session.last_error is not None:
+            families.add("llm_gpu_nvml_error_info", (session.last_error,), 1.0)
         num_ok = session.num_init_attempts - session.num_init_failures
         families.add("llm_gpu_nvml_init_attempts_total", ("success",), float(num_ok))
         families.add("llm_gpu_nvml_init_attempts_total", ("failure",), float(session.num_init_failures))

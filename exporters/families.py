@@ -58,6 +58,7 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("llm_gpu_nvml_up", "gauge", "1 if NVML is initialised and answering, else 0.", ()),
     MetricSpec("llm_gpu_nvml_info", "info", "Driver, NVML and CUDA driver versions.",
                ("driver_version", "nvml_version", "cuda_driver_version")),
+    MetricSpec("llm_gpu_nvml_error_info", "info", "While NVML is down: why, in NVML's words (gauge 1).", ("error",)),
     MetricSpec("llm_gpu_nvml_init_attempts_total", "counter", "nvmlInit calls, by result.", ("result",)),
     MetricSpec("llm_gpu_collector_success", "gauge", "1 if the collector read without unexpected errors.",
                ("collector",)),

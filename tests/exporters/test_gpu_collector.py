@@ -180,9 +180,11 @@ def test_driver_gone_takes_every_gpu_down_then_recovers(rig: Rig) -> None:
     assert all(n in ("llm_gpu_up",) for n in names_for_gpu(s, U0))
     assert s[key("llm_gpu_collector_success", collector="nvml")] == 0.0
     assert not any(name == "llm_gpu_nvml_info" for name, _ in s)
+    assert s[key("llm_gpu_nvml_error_info", error="nvmlDeviceGetCount: Driver Not Loaded (code 9)")] == 1.0
     rig.nvml.driver_loaded = True
     s = rig.scrape()  # first retry comes at once after a loss
     assert s[key("llm_gpu_nvml_up")] == 1.0
+    assert not any(name == "llm_gpu_nvml_error_info" for name, _ in s)
     assert s[gpu_key("llm_gpu_memory_used_bytes", 2, U2)] == 80_688_971_776.0
 
 
@@ -199,6 +201,7 @@ def test_library_missing_serves_nvml_down_and_retries_on_interval(caplog) -> Non
     assert s[key("llm_gpu_nvml_up")] == 0.0
     assert s[key("llm_gpu_collector_success", collector="nvml")] == 0.0
     assert s[key("llm_gpu_nvml_init_attempts_total", result="failure")] == 2.0
+    assert s[key("llm_gpu_nvml_error_info", error="NVML Shared Library Not Found (code 12)")] == 1.0
     assert not any(name.startswith("llm_gpu_memory") or name == "llm_gpu_up" for name, _ in s)
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["NVML unavailable: NVML Shared Library Not Found (code 12); "

@@ -4,13 +4,13 @@ import asyncio
 
 import pytest
 import torch
+from engine_rig import run_to_completion
 
 from engine import errors
 from engine.core.async_engine import AsyncEngine
 from engine.core.faults import FaultConfig
 from engine.core.outputs import FinishReason
 from engine.core.sampling import SamplingParams
-from tests.core.conftest import run_to_completion
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 PROMPTS = [[(5 * i + j) % 200 for j in range(9)] for i in range(4)]

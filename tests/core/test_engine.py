@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from engine_rig import run_to_completion
 
 from engine import errors
 from engine.core.outputs import FinishReason
 from engine.core.sampling import SamplingParams
-from tests.core.conftest import run_to_completion
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 

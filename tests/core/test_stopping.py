@@ -1,11 +1,12 @@
 """Stop strings, stop token ids, eos and ignore_eos, max_tokens, and UTF-8-safe incremental text."""
 
+from engine_rig import run_to_completion
+
 from engine.core.detokenizer import detokenize_incrementally
 from engine.core.outputs import FinishReason
 from engine.core.sampling import SamplingParams
 from engine.core.sequence import Request
 from engine.model.tokenizer import ByteTokenizer
-from tests.core.conftest import run_to_completion
 
 PROMPT = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100]  # "Hello world"
 

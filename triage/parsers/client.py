@@ -85,7 +85,10 @@ class CsvRecords:
     def sniff(line: str) -> "CsvRecords | None":
         if "ttft" not in line.lower() or "," not in line or line.startswith("{"):
             return None
-        header = next(csv.reader([line]))
+        try:
+            header = next(csv.reader([line]))
+        except (csv.Error, StopIteration):
+            return None
         return CsvRecords(header) if len(header) >= 2 else None
 
     def parse(self, line: str, file: str, lineno: int) -> Event | None:

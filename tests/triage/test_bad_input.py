@@ -1,0 +1,102 @@
+"""Bad input never produces a traceback: skipped or read with a one-line note; parsers fuzzed."""
+
+import gzip
+import string
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from triage.parsers import FileParser
+from triage.reader import MAX_LINE_BYTES, Notes, read_lines
+
+TIMEOUT_LINE = ('2024/05/01 12:00:00 [error] 31#31: *1 upstream timed out (110: Connection timed out) while '
+                'reading upstream, client: 1.2.3.4, server: _, request: "POST /v1/chat/completions HTTP/1.1"')
+SEEDS = [
+    TIMEOUT_LINE,
+    '127.0.0.1 - - [29/Nov/2026:19:40:01 +0000] "POST /v1/chat/completions HTTP/1.1" 499 0 "-" "ua" 1 2.0',
+    '{"ts":"2026-11-29T19:40:01.123Z","level":"info","event":"request.finished","prefix_fingerprint":["a"]}',
+    "(EngineCore_DP0 pid=1) ERROR 03-03 19:38:29 [core.py:708] torch.OutOfMemoryError: CUDA out of memory.",
+    "INFO 05-21 21:11:56 [loggers.py:271] Engine 000: Avg prompt throughput: 1.0 tokens/s, Running: 8 reqs",
+    '[2026-03-04T10:12:45.012Z] "POST /v1 HTTP/1.1" 504 UT 1 2 3 - "a" "b" "c" "d" "e"',
+    "# TYPE llm_preemptions_total counter", 'llm_preemptions_total{model="m"} 5',
+    "| NVIDIA-SMI 470.182.03   Driver Version: 470.182.03   CUDA Version: 11.4     |",
+    "request_id,ttft_ms,e2e_ms",
+]
+
+
+@st.composite
+def mutated_line(draw):
+    seed = draw(st.sampled_from(SEEDS))
+    cut = draw(st.integers(0, len(seed)))
+    junk = draw(st.text(alphabet=string.printable + "{}[]\"'\\é☃\x00", max_size=40))
+    mode = draw(st.integers(0, 3))
+    if mode == 0:
+        return seed[:cut]
+    if mode == 1:
+        return seed[:cut] + junk + seed[cut:]
+    if mode == 2:
+        return junk
+    return seed.replace(seed[cut:cut + 1], junk[:3]) if seed[cut:cut + 1] else seed + junk
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(mutated_line(), min_size=1, max_size=6))
+def test_fuzz_parsers_never_raise(lines):
+    parser = FileParser("fuzz.log")
+    for i, line in enumerate(lines, 1):
+        for ev in parser.parse(i, line):
+            assert ev.line == i and ev.file == "fuzz.log" and isinstance(ev.fields, dict)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=300))
+def test_fuzz_arbitrary_text(text):
+    parser = FileParser("fuzz.log")
+    for i, line in enumerate(text.split("\n"), 1):
+        parser.parse(i, line)
+
+
+def test_binary_empty_truncated_gzip_latin1_huge(tmp_path, run_cli):
+    (tmp_path / "core.bin").write_bytes(b"\x7fELF\x00\x01\x02" * 100)
+    (tmp_path / "empty.log").write_bytes(b"")
+    whole = gzip.compress((TIMEOUT_LINE + "\n").encode() * 50)
+    (tmp_path / "cut.log.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "latin1.log").write_bytes(b"caf\xe9 " + TIMEOUT_LINE.encode() + b"\n")
+    (tmp_path / "huge.log").write_bytes(b"x" * (MAX_LINE_BYTES * 2 + 10) + b"\n" + TIMEOUT_LINE.encode() + b"\n")
+    code, out, err = run_cli("diagnose", tmp_path, "--format", "json")
+    assert code == 1 and "Traceback" not in err and "Traceback" not in out
+    notes = err.strip().splitlines()
+    assert any("core.bin: binary content, skipped" in n for n in notes)
+    assert any("empty.log: empty" in n for n in notes)
+    assert any("cut.log.gz: truncated or corrupt" in n for n in notes)
+    assert any("latin1.log: not valid UTF-8" in n for n in notes)
+    assert any("huge.log: lines longer than" in n for n in notes)
+    assert all(n.startswith("llmtriage: ") for n in notes)
+
+
+def test_utf16_file_is_read(tmp_path):
+    path = tmp_path / "win.log"
+    path.write_bytes((TIMEOUT_LINE + "\r\n").encode("utf-16"))
+    notes = Notes()
+    lines = list(read_lines(path, notes))
+    assert lines == [(1, TIMEOUT_LINE)] and any("UTF-16" in n for n in notes.lines)
+
+
+def test_gzip_is_recognised_by_content_not_name(tmp_path):
+    path = tmp_path / "no-extension"
+    path.write_bytes(gzip.compress(b"line one\nline two\n"))
+    assert list(read_lines(path, Notes())) == [(1, "line one"), (2, "line two")]
+
+
+def test_huge_line_memory_is_bounded(tmp_path):
+    path = tmp_path / "one-line.log"
+    path.write_bytes(b"a" * (MAX_LINE_BYTES * 3))
+    [(lineno, text)] = list(read_lines(path, Notes()))
+    assert lineno == 1 and len(text) == MAX_LINE_BYTES
+
+
+def test_only_unreadable_input_exits_2(tmp_path, run_cli):
+    (tmp_path / "a.bin").write_bytes(b"\x00\x01\x02")
+    code, out, err = run_cli("diagnose", tmp_path)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines()[-1] == "llmtriage: nothing readable in the given paths"

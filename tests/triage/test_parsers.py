@@ -1,0 +1,154 @@
+"""Parsers: each real format recognised from content, with the fields rules depend on."""
+
+from datetime import datetime
+
+import pytest
+
+from triage.parsers import FileParser
+from triage.signatures import scan
+
+
+def parse(line: str, parser: FileParser | None = None):
+    p = parser or FileParser("f.log")
+    return p.parse(1, line)
+
+
+def kinds(line: str) -> list[str]:
+    return [e.kind for e in parse(line)]
+
+
+def test_engine_json_event():
+    line = ('{"ts":"2026-11-29T19:40:01.123Z","level":"info","event":"request.finished","logger":"llmserve",'
+            '"model":"builtin","request_id":"r1","finish_reason":"stop","ttft_s":0.05,"prefix_fingerprint":["a"]}')
+    [ev] = parse(line)
+    assert (ev.kind, ev.source, ev.fields["request_id"]) == ("request.finished", "engine-json", "r1")
+    assert ev.ts == datetime(2026, 11, 29, 19, 40, 1, 123000)
+
+
+def test_engine_text_format():
+    line = '2026-11-29T19:40:01.123Z WARNING request.preempted model=builtin request_id=r7 num_output_tokens=12'
+    [ev] = parse(line)
+    assert ev.kind == "request.preempted" and ev.fields["num_output_tokens"] == 12
+
+
+def test_engine_error_also_yields_signatures():
+    line = ('{"ts":"2026-11-29T19:40:01.123Z","level":"error","event":"engine.error","logger":"llmserve",'
+            '"phase":"step","exc_type":"OutOfMemoryError","message":"CUDA out of memory. Tried to allocate 2.00 GiB.'
+            ' GPU 0 has a total capacity of 79.11 GiB of which 1.06 GiB is free.","fatal":false}')
+    evs = parse(line)
+    assert [e.kind for e in evs] == ["engine.error", "oom.cuda"]
+    assert evs[1].fields["tried"] == "2.00 GiB" and evs[1].fields["free"] == "1.06 GiB"
+
+
+def test_nginx_upstreaminfo_access():
+    line = ('127.0.0.1 - - [29/Nov/2026:19:40:01 +0000] "POST /v1/chat/completions HTTP/1.1" 499 0 "-" '
+            '"python-requests/2.32.3" 412 59.012 [llm-engine] [] 127.0.0.1:8000 0 59.011 - 3f2a')
+    [ev] = parse(line)
+    f = ev.fields
+    assert (ev.kind, f["status"], f["cut"], f["duration_s"], f["upstream_s"], f["upstream_addr"]) == (
+        "http.access", 499, "client", 59.012, 59.011, "127.0.0.1:8000")
+
+
+def test_nginx_key_value_timings():
+    line = ('10.0.0.1 - - [29/Nov/2026:19:40:01 +0000] "POST /v1/completions HTTP/1.1" 504 167 "-" "curl" '
+            'rt=60.001 uct="0.000" urt="60.000" ua="10.0.0.5:8000"')
+    [ev] = parse(line)
+    assert (ev.fields["cut"], ev.fields["duration_s"], ev.fields["upstream_addr"]) == ("timeout", 60.001,
+                                                                                      "10.0.0.5:8000")
+
+
+def test_nginx_error_line():
+    line = ('2024/05/01 12:00:00 [error] 31#31: *123 upstream timed out (110: Connection timed out) while reading '
+            'upstream, client: 1.2.3.4, server: _, request: "POST /v1/chat/completions HTTP/1.1", upstream: '
+            '"http://10.0.0.5:8000/v1/chat/completions", host: "api.example"')
+    [ev] = parse(line)
+    assert (ev.kind, ev.fields["phase"], ev.fields["upstream_addr"]) == (
+        "gateway.upstream_timeout", "reading upstream", "10.0.0.5:8000")
+    assert ev.ts == datetime(2024, 5, 1, 12, 0, 0)
+
+
+def test_vllm_stats_line_old_and_new():
+    old = ("INFO 05-21 21:11:56 [loggers.py:271] Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation "
+           "throughput: 2.0 tokens/s, Running: 8 reqs, Waiting: 3 reqs, GPU KV cache usage: 12.3%, "
+           "Prefix cache hit rate: 45.6%")
+    [ev] = parse(old)
+    assert ev.fields == {"running": 8, "waiting": 3, "kv_usage": pytest.approx(0.123),
+                         "prefix_hit_rate": pytest.approx(0.456)}
+    new = old.replace("Waiting: 3 reqs, ", "Waiting: 3 reqs, Preemptions: 4, ")
+    assert parse(new)[0].fields["preemptions"] == 4
+
+
+def test_traceback_frames_attach_to_oom():
+    p = FileParser("vllm.log")
+    lines = ["Traceback (most recent call last):",
+             '  File "/x/vllm/model_executor/model_loader/base_loader.py", line 50, in load_model',
+             "    self.load_weights(model, model_config)",
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB."]
+    evs = [e for i, line in enumerate(lines, 1) for e in p.parse(i, line)]
+    assert [e.kind for e in evs] == ["oom.cuda"]
+    assert evs[0].fields["frames"] == ["load_model"] and evs[0].line == 4
+
+
+def test_oom_every_era():
+    old = ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 4; 31.75 GiB total capacity; "
+           "30.29 GiB already allocated; 3.75 MiB free; 30.40 GiB reserved in total by PyTorch)")
+    typo = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 462.00 MiB. GPU 0 has a total "
+            "capacty of 79.18 GiB of which 302.31 MiB is free.")
+    assert scan(old)[0][1] == {"tried": "20.00 MiB", "gpu": "4", "total": "31.75 GiB"}
+    assert scan(typo)[0][1] == {"tried": "462.00 MiB", "gpu": "0", "total": "79.18 GiB", "free": "302.31 MiB"}
+    assert scan("RuntimeError: CUDA error: out of memory")[0][0] == "oom.cuda"
+
+
+def test_capacity_refusal_both_spellings():
+    ours = ("To serve at least one request with the model's max seq len (8192), 0.03 GiB KV cache is needed, which "
+            "is larger than the available KV cache memory (0.01 GiB). Based on the available memory, the estimated "
+            "maximum model length is 2048. Try increasing --kv-cache-memory")
+    vllm = ours.replace("model's", "models's").replace("(8192), 0.03", "(8192), (0.03")
+    for text in (ours, vllm):
+        kind, fields = scan(text)[0]
+        assert kind == "oom.kv_capacity"
+        assert (fields["max_model_len"], fields["needed"], fields["available"], fields["estimated_max_len"]) == (
+            "8192", "0.03", "0.01", "2048")
+
+
+def test_envoy_haproxy_alb_cuts():
+    envoy = ('[2026-03-04T10:12:45.012Z] "POST /v1/chat/completions HTTP/1.1" 504 UT 412 24 15001 - "10.1.0.4" '
+             '"ua" "rid-1" "llm.internal" "10.1.3.7:8000"')
+    haproxy = ('Nov 29 19:40:01 lb1 haproxy[2231]: 10.0.0.21:51544 [29/Nov/2026:19:39:01.112] fe be/v1 0/0/1/-1/60002 '
+               '504 194 - - sH-- 3/3/1/1/0 0/0 "POST /v1/chat/completions HTTP/1.1"')
+    alb = ('h2 2026-11-29T19:40:01.412345Z app/lb/5 192.168.1.3:2817 10.0.0.1:8000 0.002 30.000 -1 460 - 125 0 '
+           '"POST https://x:443/v1/chat/completions HTTP/2.0" "ua"')
+    got = [(e.source, e.fields["cut"], e.fields["duration_s"]) for line in (envoy, haproxy, alb) for e in parse(line)]
+    assert got == [("envoy", "timeout", 15.001), ("haproxy", "timeout", 60.002), ("alb", "client", 30.002)]
+
+
+def test_loadgen_client_log_and_csv():
+    text = ("2026-11-29T19:40:01.123Z ERROR loadgen request_id=a1 kind=stream_cut status=200 elapsed_s=1.204 "
+            "chunks=7 requests.exceptions.ChunkedEncodingError: boom")
+    [ev] = parse(text)
+    assert (ev.kind, ev.fields["request_id"], ev.fields["elapsed_s"]) == ("client.stream_cut", "a1", 1.204)
+    p = FileParser("r.csv")
+    assert p.parse(1, "request_id,outcome,ttft_ms,e2e_ms") == []
+    [row] = p.parse(2, "x,ok,1500,1600")
+    assert (row.kind, row.fields["ttft_s"], row.fields["e2e_s"]) == ("client.request", 1.5, 1.6)
+
+
+def test_prometheus_exposition_and_nvidia_smi():
+    p = FileParser("m.txt")
+    assert p.parse(1, "# TYPE vllm:num_preemptions_total counter") == []
+    [ev] = p.parse(2, 'vllm:num_preemptions_total{engine="0",model_name="m"} 12.0')
+    assert (ev.fields["metric"], ev.fields["increase"], ev.fields["labels"]["engine"]) == ("preemptions_total",
+                                                                                         12.0, "0")
+    [smi] = parse("| NVIDIA-SMI 470.182.03   Driver Version: 470.182.03   CUDA Version: 11.4     |")
+    assert (smi.kind, smi.fields["cuda"]) == ("gpu.driver", "11.4")
+
+
+def test_plain_prose_is_not_a_metric():
+    assert kinds("Running 5") == [] and kinds("hello world") == []
+
+
+def test_docker_json_wrapped_line():
+    line = ('{"log":"2024/05/01 12:00:00 [error] 31#31: *1 no live upstreams while connecting to upstream, '
+            'client: 1.2.3.4\\n","stream":"stderr","time":"2024-05-01T12:00:00.1Z"}')
+    [ev] = parse(line)
+    assert ev.kind == "gateway.connect_refused" and ev.text == line

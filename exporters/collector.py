@@ -70,7 +70,7 @@ class GpuCollector:
     def __init__(self, session: NvmlSession, xid: XidWatcher | None = None, process_metrics: bool = True,
                  timer: Callable[[], float] = time.perf_counter, read_timeout_s: float | None = None):
         self._session = session
-        self._read_timeout_s = read_timeout_s
+        self.read_timeout_s = read_timeout_s
         self._inflight: InflightRead | None = None
         self._guard_lock = threading.Lock()
         self._xid = xid
@@ -85,11 +85,11 @@ class GpuCollector:
         self._logged_hang: float | None = None  # started_ts of the read last reported as hung
 
     def collect(self) -> Iterator[Metric]:
-        if self._read_timeout_s is None:
+        if self.read_timeout_s is None:
             with self._lock:  # the HTTP server is threaded; scrapes share the known-GPU and NotSupported state
                 families = self._collect_locked()
         else:
-            families = self._collect_guarded(self._read_timeout_s)
+            families = self._collect_guarded(self.read_timeout_s)
         yield from families
 
     def _collect_guarded(self, timeout_s: float) -> Families:

@@ -105,7 +105,8 @@ def _run_in_thread(config: ExporterConfig, nvml: FakeNvml) -> tuple[threading.Th
 def test_run_serves_fake_gpus_and_shuts_nvml_down_on_stop() -> None:
     nvml = FakeNvml([FakeGpu(uuid="GPU-0"), FakeGpu(uuid="GPU-1", name="NVIDIA L4")])
     port = _free_port()
-    thread, stop, codes = _run_in_thread(ExporterConfig(port=port, xid_wait_ms=20, process_metrics=False, nvml_timeout_s=60.0), nvml)
+    config = ExporterConfig(port=port, xid_wait_ms=20, process_metrics=False, nvml_timeout_s=60.0)
+    thread, stop, codes = _run_in_thread(config, nvml)
     try:
         text = _get(f"http://127.0.0.1:{port}/metrics", time.monotonic() + 30)
     finally:

@@ -58,7 +58,8 @@ def exporter_url():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     stop = threading.Event()
-    thread = threading.Thread(target=run, args=(ExporterConfig(port=port, xid_wait_ms=20, nvml_timeout_s=60.0), nvml, stop), daemon=True)
+    config = ExporterConfig(port=port, xid_wait_ms=20, nvml_timeout_s=60.0)
+    thread = threading.Thread(target=run, args=(config, nvml, stop), daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}/metrics"
     deadline = time.monotonic() + 30

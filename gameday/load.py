@@ -17,7 +17,7 @@ def locust_argv(phase: LoadPhase, host: str, client_log: Path, report_dir: Path)
     return [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
         "-u", str(phase.users), "-r", str(phase.spawn_rate), "-t", f"{phase.run_time_s}s",
-        "--stop-timeout", "5", "--host", host, "--only-summary", "--loglevel", "WARNING",
+        "--stop-timeout", "30", "--host", host, "--only-summary", "--loglevel", "WARNING",
         "--profile", phase.profile, "--client-log", str(client_log), "--report-dir", str(report_dir),
         *phase.extra_args,
     ]

@@ -58,8 +58,9 @@ SCENARIOS: list[Scenario] = [
         name="healthy", summary="steady load well within capacity: nothing fires, triage finds nothing",
         phases=[LoadPhase("steady", users=2, run_time_s=15, extra_args=_STEADY)], ci=True, probe_dashboards=True),
     Scenario(
-        name="kv-pressure", summary="a tiny KV budget (24 blocks of 16 tokens) under 8 concurrent streams",
-        engine_flags=["--num-kv-blocks", "24", "--block-size", "16", "--max-model-len", "384"],
+        name="kv-pressure", summary="a tiny KV budget (64 blocks of 16 tokens) under 8 concurrent streams",
+        # max_model_len 1024, not less: loadgen's ~1000-token calibration probe must fit.
+        engine_flags=["--num-kv-blocks", "64", "--block-size", "16", "--max-model-len", "1024"],
         phases=[LoadPhase("steady", users=8, run_time_s=25,
                           extra_args=["--output-tokens", "96", "--prompt-tokens", "96"])],
         expected_alerts=[["LLMKVCacheNearlyFull"], ["LLMPreemptionsHigh"]],
@@ -94,13 +95,13 @@ SCENARIOS: list[Scenario] = [
                 LoadPhase("dynamic-prefix", users=2, run_time_s=30, extra_args=_STEADY)],
         expected_alerts=[["LLMPrefixCacheHitRateLow"]], expected_finding="cache-miss", expected_cause="dynamic-prefix"),
     Scenario(
-        name="engine-crash", summary="the engine loop dies after 20 finished requests and the process exits",
-        engine_flags=["--fault-crash-after-requests", "20"],
+        name="engine-crash", summary="the engine loop dies after 10 finished requests and the process exits",
+        engine_flags=["--fault-crash-after-requests", "10"],
         phases=[LoadPhase("steady", users=4, run_time_s=20, extra_args=_STEADY)],
         expected_alerts=[["LLMEngineDown"]], expected_finding="engine-crash", ci=True),
     Scenario(
-        name="runtime-oom", summary="CUDA out-of-memory raised in the forward pass after 10 requests, engine stays up",
-        engine_flags=["--fault-oom-after-requests", "10"],
+        name="runtime-oom", summary="CUDA out-of-memory raised in the forward pass after 8 requests, engine stays up",
+        engine_flags=["--fault-oom-after-requests", "8"],
         phases=[LoadPhase("steady", users=4, run_time_s=20, extra_args=_STEADY)],
         expected_alerts=[["LLMErrorRateHigh"]], expected_finding="oom-runtime"),
     Scenario(

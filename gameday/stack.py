@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import tempfile
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gameday import drill
+from gameday.errors import GamedayError
 from gameday.nginx import GatewayConfig, start_gateway
 from gameday.procs import Proc, ProcSpec, Supervisor, free_port, wait_http_ok, wait_until
 from gameday.prom import PromClient, PromConfig, start_prometheus
@@ -26,7 +29,7 @@ def python_entry(module: str, func: str = "main") -> list[str]:
 def child_env() -> dict[str, str]:
     path = os.environ.get("PYTHONPATH", "")
     return {"PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT),
-            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+            "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(slots=True)
@@ -72,6 +75,20 @@ def start_engine(stack: Stack, index: int, flags: list[str]) -> Proc:
 def wait_engines_ready(stack: Stack) -> None:
     for proc, addr in zip(stack.engines, stack.engine_addrs, strict=True):
         wait_http_ok(f"http://{addr}/ready", proc, ENGINE_READY_TIMEOUT_S)
+        warm_up(addr)
+
+
+def warm_up(addr: str) -> None:
+    """One long prefill before Prometheus starts: the first forward of a new shape is slow on CPU, and
+    a cold first request would count against the TTFT SLO in the drill's one-minute windows."""
+    body = json.dumps({"prompt": "warm up " * 120, "max_tokens": 2}).encode()
+    req = urllib.request.Request(f"http://{addr}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            resp.read()
+    except OSError as exc:
+        raise GamedayError(f"warm-up request to {addr} failed: {exc}") from exc
 
 
 def wait_engine_exit(proc: Proc, timeout_s: float = ENGINE_READY_TIMEOUT_S) -> int:

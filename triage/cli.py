@@ -87,7 +87,10 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed on one line
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return run_diagnose(args) if args.command == "diagnose" else run_plan(args)
     except UsageError as exc:

@@ -132,23 +132,30 @@ class GpuCollector:
         return families
 
     def _collect_locked(self) -> Families:
-        families = Families()
-        stats: dict[str, CollectorStat] = {"nvml": CollectorStat()}
         start = self._timer()
-        result = ScrapeResult()
-        if self._session.ensure_up():
-            generation = self._scrape_generation = self._session.generation
-            try:
-                result = self._collect_gpus(stats)
-            except NvmlGoneError as exc:
-                self._session.mark_down(str(exc), generation)
-                result = ScrapeResult()
+        for _ in range(2):  # once more if NVML was re-initialised (by the XID thread) under this scrape
+            stats, result = self._read_all()
+            if self._session.generation == self._scrape_generation:
+                break
         stats["nvml"].success = self._session.up
         stats["nvml"].duration_s = self._timer() - start - sum(s.duration_s for s in stats.values())
+        families = Families()
         self._add_gpus(families, result)
         self._add_health(families, stats)
         self._add_xid(families)
         return families
+
+    def _read_all(self) -> tuple[dict[str, CollectorStat], ScrapeResult]:
+        stats: dict[str, CollectorStat] = {"nvml": CollectorStat()}
+        up = self._session.ensure_up()
+        generation = self._scrape_generation = self._session.generation
+        if not up:
+            return stats, ScrapeResult()
+        try:
+            return stats, self._collect_gpus(stats)
+        except NvmlGoneError as exc:
+            self._session.mark_down(str(exc), generation)
+            return stats, ScrapeResult()
 
     def _collect_gpus(self, stats: dict[str, CollectorStat]) -> ScrapeResult:
         nvml = self._session.nvml

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -41,6 +42,8 @@ class FakeGpu:
     lost: bool = False  # every call on this GPU raises NVMLError_GpuIsLost
     # function name -> event the call blocks on until set (a driver stuck in D-state)
     hangs: dict[str, threading.Event] = field(default_factory=dict)
+    # function name -> callable run first (it may raise, e.g. to act out a stale handle)
+    hooks: dict[str, Callable[[], None]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -91,6 +94,8 @@ class FakeNvml:
 
     def _dev(self, handle: FakeGpu, fn: str) -> FakeGpu:
         self._check()
+        if fn in handle.hooks:
+            handle.hooks[fn]()
         if fn in handle.hangs:
             handle.hangs[fn].wait(60)
         if handle.lost:

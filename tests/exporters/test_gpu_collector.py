@@ -162,6 +162,24 @@ def test_gpu_staying_lost_reinits_at_most_once_per_retry_interval(rig: Rig) -> N
     assert (rig.nvml.num_init, rig.nvml.num_shutdown) == (3, 2)
 
 
+def test_scrape_straddling_a_reinit_by_the_xid_thread_is_read_again(rig: Rig) -> None:
+    rig.scrape()
+    rig.clock.advance(31)
+
+    def reinit_then_stale_handle() -> None:  # what the XID thread does when it sees a lost GPU
+        del rig.gpus[1].hooks["nvmlDeviceGetPowerUsage"]
+        rig.session.request_reinit("nvmlEventSetWait: GPU is lost (code 15)", rig.session.generation)
+        rig.session.ensure_up()
+        raise pynvml.NVMLError_Uninitialized()  # the handle this scrape holds is from before the re-init
+
+    rig.gpus[1].hooks["nvmlDeviceGetPowerUsage"] = reinit_then_stale_handle
+    s = rig.scrape()
+    assert (rig.session.generation, rig.nvml.num_init, rig.nvml.num_shutdown) == (2, 2, 1)
+    assert s[key("llm_gpu_nvml_up")] == 1.0
+    assert [s[gpu_key("llm_gpu_up", i, u)] for i, u in enumerate(UUIDS)] == [1.0, 1.0, 1.0]
+    assert s[gpu_key("llm_gpu_power_watts", 1, U1)] == 512.345
+
+
 def test_unknown_error_marks_only_that_gpu_down(rig: Rig) -> None:
     rig.scrape()
     rig.gpus[0].errors["nvmlDeviceGetTemperature"] = pynvml.NVMLError_Unknown

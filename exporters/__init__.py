@@ -1,0 +1,1 @@
+"""llm-gpu-exporter: NVIDIA GPU metrics read through NVML, served for Prometheus."""

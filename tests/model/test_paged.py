@@ -18,7 +18,8 @@ class Seq:
     token_ids: list[int]
     block_ids: list[int]
     num_computed: int = 0  # tokens whose K/V are in the cache
-    logits: list[torch.Tensor] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)  # one row per step it took part in
+    logit_positions: list[int] = field(default_factory=list)  # position each row was computed at
 
 
 class PagedHarness:
@@ -63,6 +64,7 @@ class PagedHarness:
         logits = self.model.forward(ids, pos, self.kv_caches, attn).cpu()
         for (seq, _), row in zip(batch, logits, strict=True):
             seq.logits.append(row)
+            seq.logit_positions.append(seq.num_computed - 1)
         return logits
 
 
@@ -71,11 +73,14 @@ def full_last_logits(model: CausalLM, token_ids: list[int]) -> torch.Tensor:
     return model.forward_full(torch.tensor([token_ids], device=device))[0, -1].cpu()
 
 
-def greedy_full(model: CausalLM, prompt: list[int], num_tokens: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(num_tokens):
-        ids.append(int(full_last_logits(model, ids).argmax()))
-    return ids[len(prompt):]
+def assert_matches_full_recompute(model: CausalLM, seq: Seq, num_prompt: int) -> None:
+    """Every paged step's logits equal a cache-free forward at the same position, and each
+    generated token is the greedy choice of that full recompute."""
+    device = next(model.parameters()).device
+    full = model.forward_full(torch.tensor([seq.token_ids], device=device))[0].cpu()  # [S, vocab]
+    torch.testing.assert_close(torch.stack(seq.logits), full[seq.logit_positions], atol=1e-4, rtol=0)
+    generated = seq.token_ids[num_prompt:]
+    assert generated == full[num_prompt - 1 : len(seq.token_ids) - 1].argmax(-1).tolist()
 
 
 def test_chunked_prefill_then_batched_decode_matches_full_recompute(llama_ckpt):
@@ -86,22 +91,18 @@ def test_chunked_prefill_then_batched_decode_matches_full_recompute(llama_ckpt):
     a, b, c = seqs
     harness.step([(a, 6), (b, 7), (c, 3)])  # b's whole prompt; a and c: first chunk
     harness.step([(a, 11), (c, 7)])  # second chunks
-    for seq in seqs:  # the prefill logits of the last prompt token agree with the full model
-        torch.testing.assert_close(seq.logits[-1], full_last_logits(model, seq.token_ids), atol=1e-4, rtol=0)
-    for seq in seqs:
-        seq.token_ids.append(int(seq.logits[-1].argmax()))
     num_decode = 8
-    for i in range(num_decode - 1):
-        logits = harness.step([(seq, 1) for seq in seqs], pad_blocks=i % 3)
-        for seq, row in zip(seqs, logits, strict=True):
-            full = full_last_logits(model, seq.token_ids)
-            torch.testing.assert_close(row, full, atol=1e-4, rtol=0)
-            assert int(row.argmax()) == int(full.argmax())  # the greedy token of a full recompute
-            seq.token_ids.append(int(row.argmax()))
+    for i in range(num_decode):
+        for seq in seqs:
+            seq.token_ids.append(int(seq.logits[-1].argmax()))
+        if i < num_decode - 1:
+            harness.step([(seq, 1) for seq in seqs], pad_blocks=i % 3)  # tables wider than needed
     for seq, prompt in zip(seqs, prompts, strict=True):
         assert len(seq.token_ids) == len(prompt) + num_decode
+        assert_matches_full_recompute(model, seq, len(prompt))
         blocks = seq.block_ids
         assert blocks != list(range(blocks[0], blocks[0] + len(blocks)))  # really non-contiguous
+    assert a.logit_positions == [5, 16, *range(17, 24)]
 
 
 def test_mixed_prefill_and_decode_batch(llama_ckpt):
@@ -143,5 +144,5 @@ def test_builtin_paged_decode_matches_full(builtin):
     for _ in range(4):
         seq.token_ids.append(int(seq.logits[-1].argmax()))
         harness.step([(seq, 1)])
-    torch.testing.assert_close(seq.logits[-1], full_last_logits(model, seq.token_ids), atol=1e-4, rtol=0)
-    assert seq.token_ids[len(prompt):] == greedy_full(model, prompt, 4)
+    seq.token_ids.append(int(seq.logits[-1].argmax()))
+    assert_matches_full_recompute(model, seq, len(prompt))

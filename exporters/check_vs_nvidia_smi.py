@@ -120,8 +120,12 @@ def start_exporter() -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "exporters.cli", "--port", str(port), "--log-level", "warning"],
-                            cwd=REPO, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporters.cli", "--port", str(port), "--log-level", "warning"],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, f"http://127.0.0.1:{port}/metrics"
 
 
@@ -136,14 +140,18 @@ def stop_exporter(proc: subprocess.Popen) -> Verdict:
     if err.strip():
         print(err.strip(), file=sys.stderr)
     code = proc.returncode
-    return Verdict("-", "exporter exit code on SIGTERM", 0.0, (float(code),), "ok" if code == 0 else "differs")
+    return Verdict(
+        "-", "exporter exit code on SIGTERM", 0.0, (float(code),), "ok" if code == 0 else "differs"
+    )
 
 
 def _gpu_up(smi: dict[str, dict[str, str]], scrapes: list[Scrape]) -> list[Verdict]:
     verdicts = []
     for uuid in sorted(smi):
         seen = tuple(s[("llm_gpu_up", uuid, ())] for s in scrapes if ("llm_gpu_up", uuid, ()) in s)
-        verdicts.append(Verdict(uuid, "llm_gpu_up", 1.0, seen, "ok" if seen and min(seen) == 1.0 else "differs"))
+        verdicts.append(
+            Verdict(uuid, "llm_gpu_up", 1.0, seen, "ok" if seen and min(seen) == 1.0 else "differs")
+        )
     return verdicts
 
 
@@ -154,7 +162,9 @@ def run(config: CheckConfig) -> int:
         exporter, url = start_exporter()
     verdicts: list[Verdict] = []
     try:
-        first = parse_scrape(_fetch(url, wait_s=30.0 if exporter is not None else 0.0))  # ours may still start
+        first = parse_scrape(
+            _fetch(url, wait_s=30.0 if exporter is not None else 0.0)
+        )  # ours may still start
         if first.get(("llm_gpu_nvml_up", "", ())) != 1.0:
             print(f"{url} reports llm_gpu_nvml_up 0: the exporter cannot use NVML on this machine")
             return 1
@@ -177,18 +187,32 @@ def run(config: CheckConfig) -> int:
 
 
 def parse_args(argv: list[str] | None) -> CheckConfig:
-    parser = OneLineArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--url", help="scrape this running exporter instead of starting one")
     parser.add_argument("--nvidia-smi", default="nvidia-smi", help="nvidia-smi binary (default: from PATH)")
-    parser.add_argument("--smi-csv", type=Path, help="a saved `nvidia-smi --query-gpu=uuid,... --format=csv,nounits`")
-    parser.add_argument("--apps-csv", type=Path, help="a saved `nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory`")
-    parser.add_argument("--rounds", type=int, default=1, help="scrape / nvidia-smi / scrape rounds (default 1)")
+    parser.add_argument(
+        "--smi-csv", type=Path, help="a saved `nvidia-smi --query-gpu=uuid,... --format=csv,nounits`"
+    )
+    parser.add_argument(
+        "--apps-csv", type=Path, help="a saved `nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory`"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="scrape / nvidia-smi / scrape rounds (default 1)"
+    )
     parser.add_argument("--json", dest="json_path", type=Path, help="also write the verdicts as JSON here")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    return CheckConfig(url=args.url, nvidia_smi=args.nvidia_smi, smi_csv=args.smi_csv, apps_csv=args.apps_csv,
-                       rounds=args.rounds, json_path=args.json_path)
+    return CheckConfig(
+        url=args.url,
+        nvidia_smi=args.nvidia_smi,
+        smi_csv=args.smi_csv,
+        apps_csv=args.apps_csv,
+        rounds=args.rounds,
+        json_path=args.json_path,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,28 +85,57 @@ def _positive_ms(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None) -> ExporterConfig:
-    parser = OneLineArgumentParser(prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(
+        prog=PROG, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=9400, help="port to listen on (default 9400; 0 picks one)")
-    parser.add_argument("--nvml-retry-interval", type=_positive_seconds, default=30.0, metavar="SECONDS",
-                        help="while NVML is unavailable, retry nvmlInit this often (default 30)")
-    parser.add_argument("--no-process-metrics", action="store_true",
-                        help="omit llm_gpu_process_memory_used_bytes (one series per GPU process)")
-    parser.add_argument("--xid-wait-ms", type=_positive_ms, default=1000, metavar="MS",
-                        help="XID event thread's nvmlEventSetWait timeout (default 1000)")
-    parser.add_argument("--nvml-timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
-                        help="longest a scrape waits for NVML before serving llm_gpu_nvml_up 0 (default 5)")
+    parser.add_argument(
+        "--port", type=_port, default=9400, help="port to listen on (default 9400; 0 picks one)"
+    )
+    parser.add_argument(
+        "--nvml-retry-interval",
+        type=_positive_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="while NVML is unavailable, retry nvmlInit this often (default 30)",
+    )
+    parser.add_argument(
+        "--no-process-metrics",
+        action="store_true",
+        help="omit llm_gpu_process_memory_used_bytes (one series per GPU process)",
+    )
+    parser.add_argument(
+        "--xid-wait-ms",
+        type=_positive_ms,
+        default=1000,
+        metavar="MS",
+        help="XID event thread's nvmlEventSetWait timeout (default 1000)",
+    )
+    parser.add_argument(
+        "--nvml-timeout",
+        type=_positive_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="longest a scrape waits for NVML before serving llm_gpu_nvml_up 0 (default 5)",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     args = parser.parse_args(argv)
-    return ExporterConfig(host=args.host, port=args.port, nvml_retry_interval_s=args.nvml_retry_interval,
-                          process_metrics=not args.no_process_metrics, xid_wait_ms=args.xid_wait_ms,
-                          nvml_timeout_s=args.nvml_timeout, log_level=args.log_level)
+    return ExporterConfig(
+        host=args.host,
+        port=args.port,
+        nvml_retry_interval_s=args.nvml_retry_interval,
+        process_metrics=not args.no_process_metrics,
+        xid_wait_ms=args.xid_wait_ms,
+        nvml_timeout_s=args.nvml_timeout,
+        log_level=args.log_level,
+    )
 
 
 def _setup_logging(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    formatter = logging.Formatter("%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s",
-                                  datefmt="%Y-%m-%dT%H:%M:%S")
+    formatter = logging.Formatter(
+        "%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s", datefmt="%Y-%m-%dT%H:%M:%S"
+    )
     formatter.converter = time.gmtime
     handler.setFormatter(formatter)
     log.handlers[:] = [handler]
@@ -121,8 +150,11 @@ def run(config: ExporterConfig, nvml: Nvml, stop: threading.Event | None = None)
     session.ensure_up()
     watcher = XidWatcher(session, wait_ms=config.xid_wait_ms)
     registry = CollectorRegistry()
-    registry.register(GpuCollector(session, watcher, process_metrics=config.process_metrics,
-                                   read_timeout_s=config.nvml_timeout_s))
+    registry.register(
+        GpuCollector(
+            session, watcher, process_metrics=config.process_metrics, read_timeout_s=config.nvml_timeout_s
+        )
+    )
     try:
         httpd, _ = start_http_server(config.port, addr=config.host, registry=registry)
     except socket.gaierror as exc:

@@ -38,6 +38,7 @@ class CollectorStat:
 @dataclass(slots=True)
 class ScrapeResult:
     """What one pass over the GPUs produced, committed to the families only if NVML stayed up."""
+
     samples: list[tuple[GpuIdentity, Sample]] = field(default_factory=list)
     gpu_up: dict[str, tuple[GpuIdentity, bool]] = field(default_factory=dict)  # uuid or "#index" -> state
 
@@ -53,6 +54,7 @@ class GpuLostError(Exception):
 @dataclass(slots=True)
 class InflightRead:
     """One NVML read running in its own thread, so a wedged driver cannot hang the scrape."""
+
     started_ts: float
     done: threading.Event = field(default_factory=threading.Event)
     result: Families | None = None
@@ -67,8 +69,14 @@ class GpuCollector:
     wait on that same read rather than piling up new ones.
     """
 
-    def __init__(self, session: NvmlSession, xid: XidWatcher | None = None, process_metrics: bool = True,
-                 timer: Callable[[], float] = time.perf_counter, read_timeout_s: float | None = None):
+    def __init__(
+        self,
+        session: NvmlSession,
+        xid: XidWatcher | None = None,
+        process_metrics: bool = True,
+        timer: Callable[[], float] = time.perf_counter,
+        read_timeout_s: float | None = None,
+    ):
         self._session = session
         self.read_timeout_s = read_timeout_s
         self._inflight: InflightRead | None = None
@@ -86,7 +94,9 @@ class GpuCollector:
 
     def collect(self) -> Iterator[Metric]:
         if self.read_timeout_s is None:
-            with self._lock:  # the HTTP server is threaded; scrapes share the known-GPU and NotSupported state
+            with (
+                self._lock
+            ):  # the HTTP server is threaded; scrapes share the known-GPU and NotSupported state
                 families = self._collect_locked()
         else:
             families = self._collect_guarded(self.read_timeout_s)
@@ -120,8 +130,10 @@ class GpuCollector:
         read = self._inflight
         if read is not None and self._logged_hang != read.started_ts:
             self._logged_hang = read.started_ts
-            log.error("NVML has not answered for %.1fs (a wedged driver?); serving llm_gpu_nvml_up 0 until it does",
-                      waited_s)
+            log.error(
+                "NVML has not answered for %.1fs (a wedged driver?); serving llm_gpu_nvml_up 0 until it does",
+                waited_s,
+            )
         families = Families()
         for gpu in sorted(list(self._known.values()), key=lambda g: (g.index, g.uuid)):
             families.add("llm_gpu_up", gpu.labels, 0.0)
@@ -195,8 +207,9 @@ class GpuCollector:
         result.gpu_up[gpu.uuid] = (gpu, True)
         self._known[gpu.uuid] = gpu
 
-    def _read_field(self, f: Field, gpu: GpuIdentity, handle: object,
-                    stats: dict[str, CollectorStat]) -> list[Sample]:
+    def _read_field(
+        self, f: Field, gpu: GpuIdentity, handle: object, stats: dict[str, CollectorStat]
+    ) -> list[Sample]:
         nvml = self._session.nvml
         stat = stats.setdefault(f.collector, CollectorStat())  # reported even when every field is absent
         if (gpu.uuid, f.key) in self._absent:
@@ -256,8 +269,11 @@ class GpuCollector:
         families.add("llm_gpu_nvml_up", (), 1.0 if session.up else 0.0)
         if session.up:
             versions = session.versions
-            families.add("llm_gpu_nvml_info", tuple(versions.get(k, "") for k in
-                                                    ("driver_version", "nvml_version", "cuda_driver_version")), 1.0)
+            families.add(
+                "llm_gpu_nvml_info",
+                tuple(versions.get(k, "") for k in ("driver_version", "nvml_version", "cuda_driver_version")),
+                1.0,
+            )
         elif session.last_error is not None:
             families.add("llm_gpu_nvml_error_info", (session.last_error,), 1.0)
         num_ok = session.num_init_attempts - session.num_init_failures

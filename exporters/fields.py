@@ -43,7 +43,7 @@ def _percent_to_ratio(value: int, what: str) -> float:
 
 
 def read_memory(nvml: Nvml, h: object) -> list[Sample]:
-    """Bytes. The v2 call splits out memory the driver reserves, as nvidia-smi and DCGM do; v1 counts it as used."""
+    """Bytes. v2 splits out what the driver reserves, as nvidia-smi and DCGM do; v1 counts it as used."""
     version = getattr(nvml, "nvmlMemory_v2", None)
     if version is not None:
         try:
@@ -52,20 +52,26 @@ def read_memory(nvml: Nvml, h: object) -> list[Sample]:
             if classify(nvml, exc) is not ErrorKind.ABSENT:  # older driver: fall back to v1 below
                 raise
         else:
-            return [("llm_gpu_memory_used_bytes", (), float(info.used)),
-                    ("llm_gpu_memory_free_bytes", (), float(info.free)),
-                    ("llm_gpu_memory_total_bytes", (), float(info.total)),
-                    ("llm_gpu_memory_reserved_bytes", (), float(info.reserved))]
+            return [
+                ("llm_gpu_memory_used_bytes", (), float(info.used)),
+                ("llm_gpu_memory_free_bytes", (), float(info.free)),
+                ("llm_gpu_memory_total_bytes", (), float(info.total)),
+                ("llm_gpu_memory_reserved_bytes", (), float(info.reserved)),
+            ]
     info = nvml.nvmlDeviceGetMemoryInfo(h)
-    return [("llm_gpu_memory_used_bytes", (), float(info.used)),
-            ("llm_gpu_memory_free_bytes", (), float(info.free)),
-            ("llm_gpu_memory_total_bytes", (), float(info.total))]
+    return [
+        ("llm_gpu_memory_used_bytes", (), float(info.used)),
+        ("llm_gpu_memory_free_bytes", (), float(info.free)),
+        ("llm_gpu_memory_total_bytes", (), float(info.total)),
+    ]
 
 
 def read_utilization(nvml: Nvml, h: object) -> list[Sample]:
     rates = nvml.nvmlDeviceGetUtilizationRates(h)  # percent
-    return [("llm_gpu_utilization_ratio", (), _percent_to_ratio(rates.gpu, "GPU utilization")),
-            ("llm_gpu_memory_utilization_ratio", (), _percent_to_ratio(rates.memory, "memory utilization"))]
+    return [
+        ("llm_gpu_utilization_ratio", (), _percent_to_ratio(rates.gpu, "GPU utilization")),
+        ("llm_gpu_memory_utilization_ratio", (), _percent_to_ratio(rates.memory, "memory utilization")),
+    ]
 
 
 def read_temperature(nvml: Nvml, h: object) -> list[Sample]:
@@ -94,7 +100,10 @@ def read_energy(nvml: Nvml, h: object) -> list[Sample]:
 
 
 def _throttle_samples(mask: int) -> list[Sample]:
-    return [("llm_gpu_throttle_reason", (reason,), 1.0 if mask & bit else 0.0) for reason, bit in THROTTLE_REASON_BITS]
+    return [
+        ("llm_gpu_throttle_reason", (reason,), 1.0 if mask & bit else 0.0)
+        for reason, bit in THROTTLE_REASON_BITS
+    ]
 
 
 def read_throttle(nvml: Nvml, h: object) -> list[Sample]:
@@ -119,7 +128,9 @@ def read_ecc_corrected(nvml: Nvml, h: object) -> list[Sample]:
 
 
 def read_ecc_uncorrected(nvml: Nvml, h: object) -> list[Sample]:
-    count = nvml.nvmlDeviceGetTotalEccErrors(h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
+    count = nvml.nvmlDeviceGetTotalEccErrors(
+        h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+    )
     return [("llm_gpu_ecc_uncorrected_errors_total", (), float(count))]
 
 
@@ -135,10 +146,12 @@ def read_retired_double_bit(nvml: Nvml, h: object) -> list[Sample]:
 
 def read_remapped_rows(nvml: Nvml, h: object) -> list[Sample]:
     correctable, uncorrectable, pending, failure = nvml.nvmlDeviceGetRemappedRows(h)
-    return [("llm_gpu_remapped_rows_total", ("correctable",), float(correctable)),
-            ("llm_gpu_remapped_rows_total", ("uncorrectable",), float(uncorrectable)),
-            ("llm_gpu_row_remap_pending", (), 1.0 if pending else 0.0),
-            ("llm_gpu_row_remap_failure", (), 1.0 if failure else 0.0)]
+    return [
+        ("llm_gpu_remapped_rows_total", ("correctable",), float(correctable)),
+        ("llm_gpu_remapped_rows_total", ("uncorrectable",), float(uncorrectable)),
+        ("llm_gpu_row_remap_pending", (), 1.0 if pending else 0.0),
+        ("llm_gpu_row_remap_failure", (), 1.0 if failure else 0.0),
+    ]
 
 
 def _process_name(nvml: Nvml, pid: int) -> str:
@@ -146,8 +159,11 @@ def _process_name(nvml: Nvml, pid: int) -> str:
     try:
         name = nvml.nvmlSystemGetProcessName(pid)
     except nvml.NVMLError as exc:
-        if getattr(exc, "value", None) in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_NO_PERMISSION,
-                                           nvml.NVML_ERROR_NOT_SUPPORTED):
+        if getattr(exc, "value", None) in (
+            nvml.NVML_ERROR_NOT_FOUND,
+            nvml.NVML_ERROR_NO_PERMISSION,
+            nvml.NVML_ERROR_NOT_SUPPORTED,
+        ):
             return "unknown"
         raise
     if isinstance(name, bytes):

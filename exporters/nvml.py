@@ -25,7 +25,9 @@ def load_nvml() -> Nvml:
     try:
         import pynvml
     except ImportError as exc:
-        raise BindingMissingError(f"python module pynvml not importable ({exc}); install nvidia-ml-py") from exc
+        raise BindingMissingError(
+            f"python module pynvml not importable ({exc}); install nvidia-ml-py"
+        ) from exc
     return pynvml
 
 
@@ -79,7 +81,9 @@ class NvmlSession:
     XID watcher) know to drop them. Thread-safe: the scrape and the XID thread both call it.
     """
 
-    def __init__(self, nvml: Nvml, retry_interval_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, nvml: Nvml, retry_interval_s: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ):
         self.nvml = nvml
         self.retry_interval_s = retry_interval_s
         self._clock = clock
@@ -157,16 +161,23 @@ class NvmlSession:
         self.last_error = None
         self._logged_error = None
         self.versions = self._read_versions()
-        log.info("NVML initialised: driver %s, NVML %s, CUDA %s", self.versions.get("driver_version", "?"),
-                 self.versions.get("nvml_version", "?"), self.versions.get("cuda_driver_version", "?"))
+        log.info(
+            "NVML initialised: driver %s, NVML %s, CUDA %s",
+            self.versions.get("driver_version", "?"),
+            self.versions.get("nvml_version", "?"),
+            self.versions.get("cuda_driver_version", "?"),
+        )
 
     def _init_failed(self, reason: str) -> None:
         self.up = False
         self.num_init_failures += 1
         self.last_error = reason
         if reason != self._logged_error:  # one line per distinct cause, not one per retry
-            log.error("NVML unavailable: %s; serving llm_gpu_nvml_up 0, retrying every %gs",
-                      reason, self.retry_interval_s)
+            log.error(
+                "NVML unavailable: %s; serving llm_gpu_nvml_up 0, retrying every %gs",
+                reason,
+                self.retry_interval_s,
+            )
             self._logged_error = reason
 
     def _read_versions(self) -> dict[str, str]:

@@ -54,14 +54,31 @@ CHECKS: tuple[Check, ...] = (
 
 # One query per group: an unknown field makes nvidia-smi refuse the whole query, so the optional
 # ones go separately and a refusal only skips that group.
-CORE_FIELDS = ("index", "uuid", "name", "memory.total", "memory.used", "memory.free", "utilization.gpu",
-               "utilization.memory", "temperature.gpu", "power.draw", "enforced.power.limit", "clocks.sm",
-               "clocks.mem")
+CORE_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "utilization.gpu",
+    "utilization.memory",
+    "temperature.gpu",
+    "power.draw",
+    "enforced.power.limit",
+    "clocks.sm",
+    "clocks.mem",
+)
 OPTIONAL_GROUPS: tuple[tuple[str, ...], ...] = (
     ("memory.reserved",),
     ("ecc.errors.corrected.volatile.total", "ecc.errors.uncorrected.volatile.total"),
     ("retired_pages.single_bit_ecc.count", "retired_pages.double_bit.count"),
-    ("remapped_rows.correctable", "remapped_rows.uncorrectable", "remapped_rows.pending", "remapped_rows.failure"),
+    (
+        "remapped_rows.correctable",
+        "remapped_rows.uncorrectable",
+        "remapped_rows.pending",
+        "remapped_rows.failure",
+    ),
     ("clocks_event_reasons.active",),
     ("clocks_throttle_reasons.active",),  # drivers before the "event" renaming
 )
@@ -88,7 +105,9 @@ def parse_smi_csv(text: str) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for row in rows[1:]:
         if len(row) != len(header):
-            raise SmiParseError(f"row has {len(row)} values for {len(header)} columns: {', '.join(row)[:80]!r}")
+            raise SmiParseError(
+                f"row has {len(row)} values for {len(header)} columns: {', '.join(row)[:80]!r}"
+            )
         values = dict(zip(header, (v.strip() for v in row), strict=True))
         out[values["uuid"]] = values
     return out
@@ -174,7 +193,9 @@ def parse_apps_csv(text: str) -> list[tuple[str, str, float | None]]:
     apps = []
     for row in rows[1:]:
         if len(row) != 3:
-            raise SmiParseError(f"compute-apps row has {len(row)} values, expected 3: {', '.join(row)[:80]!r}")
+            raise SmiParseError(
+                f"compute-apps row has {len(row)} values, expected 3: {', '.join(row)[:80]!r}"
+            )
         uuid, pid, used = (v.strip() for v in row)
         apps.append((uuid, pid, smi_number(used, Check("used_memory", "", scale=MIB))))
     return apps
@@ -185,7 +206,11 @@ def compare_processes(apps: list[tuple[str, str, float | None]], scrapes: list[S
     verdicts = []
     check = Check("used_memory", "llm_gpu_process_memory_used_bytes", abs_tol=MIB)
     for uuid, pid, used in apps:
-        seen = tuple(value for s in scrapes for (metric, u, labels), value in s.items()
-                     if metric == check.metric and u == uuid and ("pid", pid) in labels)
+        seen = tuple(
+            value
+            for s in scrapes
+            for (metric, u, labels), value in s.items()
+            if metric == check.metric and u == uuid and ("pid", pid) in labels
+        )
         verdicts.append(Verdict(uuid, f"process {pid} used_memory", used, seen, _status(check, used, seen)))
     return verdicts

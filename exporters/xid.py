@@ -39,7 +39,9 @@ class XidWatcher:
     rebuilt whenever the session's generation changes (NVML re-initialised).
     """
 
-    def __init__(self, session: NvmlSession, wait_ms: int = 1000, wall_clock: Callable[[], float] = time.time):
+    def __init__(
+        self, session: NvmlSession, wait_ms: int = 1000, wall_clock: Callable[[], float] = time.time
+    ):
         self._session = session
         self._wait_ms = wait_ms
         self._wall_clock = wall_clock
@@ -55,7 +57,9 @@ class XidWatcher:
     @property
     def healthy(self) -> bool:
         """True while an event set is registered for the current NVML generation."""
-        return self._event_set is not None and self._session.up and self._generation == self._session.generation
+        return (
+            self._event_set is not None and self._session.up and self._generation == self._session.generation
+        )
 
     @property
     def num_registered(self) -> int:

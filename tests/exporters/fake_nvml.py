@@ -14,6 +14,7 @@ import pynvml
 @dataclass(slots=True)
 class FakeGpu:
     """One GPU's readings in NVML's own units (bytes, percent, mW, mJ, MHz)."""
+
     uuid: str
     name: str = "NVIDIA H100 80GB HBM3"
     memory_total: int = 85_520_809_984
@@ -143,12 +144,19 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, h: FakeGpu, version: int | None = None) -> SimpleNamespace:
         g = self._dev(h, "nvmlDeviceGetMemoryInfo")
         if version is None:
-            return SimpleNamespace(total=g.memory_total, free=g.memory_free, used=g.memory_total - g.memory_free)
+            return SimpleNamespace(
+                total=g.memory_total, free=g.memory_free, used=g.memory_total - g.memory_free
+            )
         assert version == pynvml.nvmlMemory_v2
         if not self.has_memory_v2:  # a driver older than nvmlDeviceGetMemoryInfo_v2
             raise pynvml.NVMLError_FunctionNotFound()
-        return SimpleNamespace(version=version, total=g.memory_total, reserved=g.memory_reserved,
-                               free=g.memory_free, used=g.memory_used)
+        return SimpleNamespace(
+            version=version,
+            total=g.memory_total,
+            reserved=g.memory_reserved,
+            free=g.memory_free,
+            used=g.memory_used,
+        )
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> SimpleNamespace:
         g = self._dev(h, "nvmlDeviceGetUtilizationRates")
@@ -232,7 +240,14 @@ class FakeNvml:
         with self._lock:
             for event_set in self.event_sets:
                 if not event_set.freed and gpu in event_set.gpus:
-                    event_set.events.put(SimpleNamespace(device=gpu, eventType=pynvml.nvmlEventTypeXidCriticalError,
-                                                         eventData=xid, gpuInstanceId=0, computeInstanceId=0))
+                    event_set.events.put(
+                        SimpleNamespace(
+                            device=gpu,
+                            eventType=pynvml.nvmlEventTypeXidCriticalError,
+                            eventData=xid,
+                            gpuInstanceId=0,
+                            computeInstanceId=0,
+                        )
+                    )
                     num_delivered += 1
         return num_delivered

@@ -8,8 +8,11 @@ from exporters.collector import GpuCollector
 from exporters.nvml import NvmlSession
 from exporters.xid import XidWatcher
 
-UUIDS = ("GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000",
-         "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee")
+UUIDS = (
+    "GPU-11111111-2222-3333-4444-555555555555",
+    "GPU-66666666-7777-8888-9999-000000000000",
+    "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+)
 
 
 class ManualClock:
@@ -32,8 +35,9 @@ def scrape(collector: GpuCollector) -> dict[tuple[str, tuple[tuple[str, str], ..
     return out
 
 
-def gpu_key(name: str, index: int, uuid: str, gpu_name: str = "NVIDIA H100 80GB HBM3",
-            **extra: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+def gpu_key(
+    name: str, index: int, uuid: str, gpu_name: str = "NVIDIA H100 80GB HBM3", **extra: str
+) -> tuple[str, tuple[tuple[str, str], ...]]:
     labels = {"gpu": str(index), "uuid": uuid, "name": gpu_name, **extra}
     return (name, tuple(sorted(labels.items())))
 
@@ -49,16 +53,22 @@ def names_for_gpu(samples: dict, uuid: str) -> set[str]:
 class Rig:
     """A fake NVML with three GPUs, a session on a manual clock, a watcher and a collector."""
 
-    def __init__(self, num_gpus: int = 3, library_present: bool = True, process_metrics: bool = True,
-                 read_timeout_s: float | None = None):
+    def __init__(
+        self,
+        num_gpus: int = 3,
+        library_present: bool = True,
+        process_metrics: bool = True,
+        read_timeout_s: float | None = None,
+    ):
         self.gpus = [FakeGpu(uuid=UUIDS[i]) for i in range(num_gpus)]
         self.nvml = FakeNvml(self.gpus, library_present=library_present)
         self.clock = ManualClock()
         self.wall = ManualClock(1_790_000_000.0)
         self.session = NvmlSession(self.nvml, retry_interval_s=30.0, clock=self.clock)
         self.watcher = XidWatcher(self.session, wait_ms=10, wall_clock=self.wall)
-        self.collector = GpuCollector(self.session, self.watcher, process_metrics=process_metrics,
-                                      read_timeout_s=read_timeout_s)
+        self.collector = GpuCollector(
+            self.session, self.watcher, process_metrics=process_metrics, read_timeout_s=read_timeout_s
+        )
 
     def scrape(self) -> dict:
         return scrape(self.collector)

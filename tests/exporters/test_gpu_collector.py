@@ -42,14 +42,39 @@ def test_normal_values_are_converted_to_base_units(rig: Rig) -> None:
         assert s[gpu_key("llm_gpu_retired_pages_total", index, uuid, cause="double_bit")] == 0.0
         assert s[gpu_key("llm_gpu_remapped_rows_total", index, uuid, type="correctable")] == 2.0
         assert s[gpu_key("llm_gpu_remapped_rows_total", index, uuid, type="uncorrectable")] == 1.0
-        active = {reason for reason, _ in THROTTLE_REASON_BITS
-                  if s[gpu_key("llm_gpu_throttle_reason", index, uuid, reason=reason)] == 1.0}
+        active = {
+            reason
+            for reason, _ in THROTTLE_REASON_BITS
+            if s[gpu_key("llm_gpu_throttle_reason", index, uuid, reason=reason)] == 1.0
+        }
         assert active == {"sw_power_cap", "hw_thermal"}
     assert s[key("llm_gpu_nvml_up")] == 1.0
-    assert s[key("llm_gpu_nvml_info", driver_version="550.54.15", nvml_version="12.550.54.15",
-                 cuda_driver_version="12.4")] == 1.0
-    for collector in ("nvml", "memory", "utilization", "temperature", "power", "clocks", "energy", "throttle",
-                      "pcie", "ecc", "retired_pages", "remapped_rows", "processes"):
+    assert (
+        s[
+            key(
+                "llm_gpu_nvml_info",
+                driver_version="550.54.15",
+                nvml_version="12.550.54.15",
+                cuda_driver_version="12.4",
+            )
+        ]
+        == 1.0
+    )
+    for collector in (
+        "nvml",
+        "memory",
+        "utilization",
+        "temperature",
+        "power",
+        "clocks",
+        "energy",
+        "throttle",
+        "pcie",
+        "ecc",
+        "retired_pages",
+        "remapped_rows",
+        "processes",
+    ):
         assert s[key("llm_gpu_collector_success", collector=collector)] == 1.0, collector
         assert s[key("llm_gpu_collector_duration_seconds", collector=collector)] >= 0.0
     assert s[key("llm_gpu_nvml_init_attempts_total", result="success")] == 1.0
@@ -58,13 +83,25 @@ def test_normal_values_are_converted_to_base_units(rig: Rig) -> None:
 
 def test_not_supported_fields_are_omitted_not_zero(rig: Rig) -> None:
     g1 = rig.gpus[1]
-    for fn in ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
-               "nvmlDeviceGetRetiredPages", "nvmlDeviceGetTotalEnergyConsumption"):
+    for fn in (
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetTotalEnergyConsumption",
+    ):
         g1.errors[fn] = pynvml.NVMLError_NotSupported
     s = rig.scrape()
-    missing = {"llm_gpu_power_watts", "llm_gpu_ecc_corrected_errors_total", "llm_gpu_ecc_uncorrected_errors_total",
-               "llm_gpu_remapped_rows_total", "llm_gpu_row_remap_pending", "llm_gpu_row_remap_failure",
-               "llm_gpu_retired_pages_total", "llm_gpu_energy_joules_total"}
+    missing = {
+        "llm_gpu_power_watts",
+        "llm_gpu_ecc_corrected_errors_total",
+        "llm_gpu_ecc_uncorrected_errors_total",
+        "llm_gpu_remapped_rows_total",
+        "llm_gpu_row_remap_pending",
+        "llm_gpu_row_remap_failure",
+        "llm_gpu_retired_pages_total",
+        "llm_gpu_energy_joules_total",
+    }
     assert names_for_gpu(s, U1) == names_for_gpu(s, U0) - missing
     assert s[gpu_key("llm_gpu_power_limit_watts", 1, U1)] == 700.0
     assert s[gpu_key("llm_gpu_up", 1, U1)] == 1.0
@@ -108,7 +145,9 @@ def test_throttle_reasons_fall_back_to_the_older_call(rig: Rig) -> None:
     rig.nvml.has_event_reasons = False
     rig.gpus[0].throttle_mask = 0x1 | 0x100
     s = rig.scrape()
-    active = {r for r, _ in THROTTLE_REASON_BITS if s[gpu_key("llm_gpu_throttle_reason", 0, U0, reason=r)] == 1.0}
+    active = {
+        r for r, _ in THROTTLE_REASON_BITS if s[gpu_key("llm_gpu_throttle_reason", 0, U0, reason=r)] == 1.0
+    }
     assert active == {"gpu_idle", "display_clocks"}
     assert s[key("llm_gpu_collector_success", collector="throttle")] == 1.0
 
@@ -222,8 +261,10 @@ def test_library_missing_serves_nvml_down_and_retries_on_interval(caplog) -> Non
     assert s[key("llm_gpu_nvml_error_info", error="NVML Shared Library Not Found (code 12)")] == 1.0
     assert not any(name.startswith("llm_gpu_memory") or name == "llm_gpu_up" for name, _ in s)
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["NVML unavailable: NVML Shared Library Not Found (code 12); "
-                     "serving llm_gpu_nvml_up 0, retrying every 30s"]
+    assert lines == [
+        "NVML unavailable: NVML Shared Library Not Found (code 12); "
+        "serving llm_gpu_nvml_up 0, retrying every 30s"
+    ]
     rig.nvml.library_present = True  # the driver gets installed
     rig.clock.advance(30)
     s = rig.scrape()
@@ -246,7 +287,9 @@ def test_process_memory_by_pid_and_name() -> None:
 def test_no_process_metrics_never_asks_nvml_for_processes() -> None:
     rig = Rig(num_gpus=1, process_metrics=False)
     rig.gpus[0].processes = [(4242, 2**30)]
-    rig.gpus[0].errors["nvmlDeviceGetComputeRunningProcesses"] = pynvml.NVMLError_Unknown  # would mark it down
+    rig.gpus[0].errors["nvmlDeviceGetComputeRunningProcesses"] = (
+        pynvml.NVMLError_Unknown
+    )  # would mark it down
     s = rig.scrape()
     assert not any(name == "llm_gpu_process_memory_used_bytes" for name, _ in s)
     assert key("llm_gpu_collector_success", collector="processes") not in s
@@ -266,7 +309,9 @@ def test_hung_nvml_call_serves_nvml_down_without_piling_up_reads(caplog) -> None
             assert s[key("llm_gpu_collector_success", collector="nvml")] == 0.0
             assert [s[gpu_key("llm_gpu_up", i, u)] for i, u in enumerate(UUIDS)] == [0.0, 0.0, 0.0]
             assert names_for_gpu(s, U0) == {"llm_gpu_up"}
-        assert sum(t.name == "nvml-read" for t in threading.enumerate()) == 1  # one stuck read, not one per scrape
+        assert (
+            sum(t.name == "nvml-read" for t in threading.enumerate()) == 1
+        )  # one stuck read, not one per scrape
         del rig.gpus[1].hangs["nvmlDeviceGetPowerUsage"]
         release.set()
         assert rig.collector._inflight.done.wait(30)

@@ -52,8 +52,14 @@ def _command() -> list[str]:
 def test_real_run_without_nvml_serves_nvml_down_retries_and_exits_0_on_sigterm() -> None:
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(_command() + ["--port", str(port), "--nvml-retry-interval", "0.1", "--xid-wait-ms", "20"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _command() + ["--port", str(port), "--nvml-retry-interval", "0.1", "--xid-wait-ms", "20"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         url = f"http://127.0.0.1:{port}/metrics"
@@ -72,21 +78,34 @@ def test_real_run_without_nvml_serves_nvml_down_retries_and_exits_0_on_sigterm()
     assert proc.returncode == 0, err
     unavailable = [ln for ln in err.splitlines() if "NVML unavailable" in ln]
     assert len(unavailable) == 1, err  # one line, not one per retry
-    assert unavailable[0].endswith("NVML unavailable: NVML Shared Library Not Found (code 12); "
-                                   "serving llm_gpu_nvml_up 0, retrying every 0.1s")
+    assert unavailable[0].endswith(
+        "NVML unavailable: NVML Shared Library Not Found (code 12); "
+        "serving llm_gpu_nvml_up 0, retrying every 0.1s"
+    )
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--port", "http"], "argument --port: not a port number: 'http'"),
-    (["--port", "70000"], "argument --port: port 70000 out of range 0-65535"),
-    (["--nvml-retry-interval", "0"], "argument --nvml-retry-interval: must be a positive number of seconds, got '0'"),
-    (["--nvml-retry-interval", "nan"],
-     "argument --nvml-retry-interval: must be a positive number of seconds, got 'nan'"),
-    (["--xid-wait-ms", "0"], "argument --xid-wait-ms: must be at least 1 ms, got 0"),
-    (["--log-level", "loud"], "argument --log-level: invalid choice: 'loud' (choose from "),  # quoting varies
-    (["--verbose"], "unrecognized arguments: --verbose"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--port", "http"], "argument --port: not a port number: 'http'"),
+        (["--port", "70000"], "argument --port: port 70000 out of range 0-65535"),
+        (
+            ["--nvml-retry-interval", "0"],
+            "argument --nvml-retry-interval: must be a positive number of seconds, got '0'",
+        ),
+        (
+            ["--nvml-retry-interval", "nan"],
+            "argument --nvml-retry-interval: must be a positive number of seconds, got 'nan'",
+        ),
+        (["--xid-wait-ms", "0"], "argument --xid-wait-ms: must be at least 1 ms, got 0"),
+        (
+            ["--log-level", "loud"],
+            "argument --log-level: invalid choice: 'loud' (choose from ",
+        ),  # quoting varies
+        (["--verbose"], "unrecognized arguments: --verbose"),
+    ],
+)
 def test_bad_arguments_give_one_line_and_exit_2(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -95,7 +114,9 @@ def test_bad_arguments_give_one_line_and_exit_2(argv: list[str], message: str, c
     assert captured.err.count("\n") == 1 and captured.err.endswith("\n")
 
 
-def _run_in_thread(config: ExporterConfig, nvml: FakeNvml) -> tuple[threading.Thread, threading.Event, list[int]]:
+def _run_in_thread(
+    config: ExporterConfig, nvml: FakeNvml
+) -> tuple[threading.Thread, threading.Event, list[int]]:
     stop, codes = threading.Event(), []
     thread = threading.Thread(target=lambda: codes.append(run(config, nvml, stop)), daemon=True)
     thread.start()

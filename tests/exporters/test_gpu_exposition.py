@@ -1,4 +1,4 @@
-"""The full metric set from the fake-NVML collector, in Prometheus text format, passes promtool check metrics."""
+"""The fake-NVML collector's full metric set, in Prometheus text format, passes promtool check metrics."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ def test_full_scrape_has_every_metric_of_the_contract() -> None:
     text = _full_scrape()
     names = {family.name for family in text_string_to_metric_families(text)}
     # the parser strips _total from counters and _info from info metrics
-    expected = {spec.name.removesuffix("_total") for spec in SPECS} - {"llm_gpu_nvml_error_info"}  # only while down
+    expected = {spec.name.removesuffix("_total") for spec in SPECS} - {
+        "llm_gpu_nvml_error_info"
+    }  # only while down
     assert names == expected
 
 
@@ -46,6 +48,7 @@ def _no_library_scrape() -> str:
 def test_promtool_check_metrics_is_clean(make_scrape) -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool not on PATH: run `make system-deps` (Debian package prometheus)"
-    proc = subprocess.run([promtool, "check", "metrics"], input=make_scrape(), capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [promtool, "check", "metrics"], input=make_scrape(), capture_output=True, text=True, timeout=60
+    )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")

@@ -79,16 +79,39 @@ def test_agreeing_figures_exit_0(exporter_url, tmp_path: Path, capsys) -> None:
     url, _ = exporter_url
     (tmp_path / "smi.csv").write_text(SMI_CSV)
     (tmp_path / "apps.csv").write_text(APPS_CSV)
-    code = check_vs_nvidia_smi.main(["--url", url, "--smi-csv", str(tmp_path / "smi.csv"),
-                                     "--apps-csv", str(tmp_path / "apps.csv"), "--json", str(tmp_path / "r.json")])
+    code = check_vs_nvidia_smi.main(
+        [
+            "--url",
+            url,
+            "--smi-csv",
+            str(tmp_path / "smi.csv"),
+            "--apps-csv",
+            str(tmp_path / "apps.csv"),
+            "--json",
+            str(tmp_path / "r.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     report = json.loads((tmp_path / "r.json").read_text())
     assert {v["field"] for v in report} == {
-        "llm_gpu_up", "memory.total", "memory.used", "memory.free", "memory.reserved", "utilization.gpu",
-        "utilization.memory", "temperature.gpu", "power.draw", "enforced.power.limit", "clocks.sm", "clocks.mem",
-        "ecc.errors.corrected.volatile.total", "ecc.errors.uncorrected.volatile.total",
-        "clocks_event_reasons.active", "process 4242 used_memory"}
+        "llm_gpu_up",
+        "memory.total",
+        "memory.used",
+        "memory.free",
+        "memory.reserved",
+        "utilization.gpu",
+        "utilization.memory",
+        "temperature.gpu",
+        "power.draw",
+        "enforced.power.limit",
+        "clocks.sm",
+        "clocks.mem",
+        "ecc.errors.corrected.volatile.total",
+        "ecc.errors.uncorrected.volatile.total",
+        "clocks_event_reasons.active",
+        "process 4242 used_memory",
+    }
     assert out.rstrip().endswith("16 compared, 0 not ok")
 
 
@@ -111,7 +134,10 @@ def test_usage_and_environment_errors_are_one_line_exit_2(tmp_path: Path, capsys
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # nothing listens here once closed
-    assert check_vs_nvidia_smi.main(["--url", f"http://127.0.0.1:{port}/metrics", "--smi-csv", str(missing)]) == 2
+    assert (
+        check_vs_nvidia_smi.main(["--url", f"http://127.0.0.1:{port}/metrics", "--smi-csv", str(missing)])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith(f"check_vs_nvidia_smi: error: cannot scrape http://127.0.0.1:{port}/metrics")
     assert err.count("\n") == 1

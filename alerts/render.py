@@ -121,8 +121,9 @@ def render(root: Path) -> list[Output]:
         outputs.append(Output(path, with_runbook_base(path.read_text(), base)))
     sources = rule_files(root)
     groups = [g for path in sources for g in load_groups(path)]
-    # Rule text after the base is applied, so the manifest matches the rewritten files.
-    groups = yaml.safe_load(with_runbook_base(yaml.safe_dump({"g": groups}, sort_keys=False), base))["g"]
+    for rule in (r for g in groups for r in g.get("rules") or []):
+        if "alert" in rule:  # the links as the rewritten rule files will carry them
+            rule.setdefault("annotations", {})["runbook_url"] = f"{base}{rule['alert']}.md"
     names = ", ".join(str(p.relative_to(root)) for p in sources)
     k8s = root / "alerts" / "k8s"
     outputs.append(Output(k8s / "prometheusrule.yaml", GENERATED.format(sources=names) + _dump(prometheus_rule(groups))))

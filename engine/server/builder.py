@@ -92,14 +92,14 @@ def start_state(state: ServerState) -> None:
 
 def stop_state(state: ServerState, reason: str) -> None:
     """Stop the loop and the sinks; log engine.shutdown with what the drain achieved."""
-    state.log.emit("engine.shutdown", "error" if reason == "fatal" else "info", reason=reason,
-                   drained=state.num_drained, aborted=state.num_drain_aborted)
     try:
         state.engine.shutdown()
     finally:
         if state.events is not None:
-            state.events.flush_stats()
             state.events.stop()
+            state.events.flush_stats()
+        state.log.emit("engine.shutdown", "error" if reason == "fatal" else "info", reason=reason,
+                       drained=state.num_drained, aborted=state.num_drain_aborted)
         if state.tracer is not None:
             state.tracer.shutdown()
 

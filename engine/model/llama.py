@@ -36,45 +36,33 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
         """Build from a Hugging Face config.json dict; ModelLoadError for what we cannot run."""
-        archs = hf.get("architectures") or [MODEL_TYPE_TO_ARCH.get(hf.get("model_type"))]
-        arch = archs[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(
-                f"unsupported architecture {arch or hf.get('model_type')!r} in config.json; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        if hf.get("mlp_bias"):
-            raise ModelLoadError("config.json sets mlp_bias=true, which this engine does not support")
-        try:
-            heads = int(hf["num_attention_heads"])
-            hidden = int(hf["hidden_size"])
-            is_qwen2 = arch == "Qwen2ForCausalLM"
-            bias = True if is_qwen2 else bool(hf.get("attention_bias", False))
-            rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-            rope_theta = float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-            max_pos = int(hf.get("max_position_embeddings", 4096))
-            window = hf.get("sliding_window")
-            if window and (not is_qwen2 or hf.get("use_sliding_window")):
-                max_pos = min(max_pos, int(window))  # no sliding-window kernel: stay inside the window
-            cfg = cls(
-                vocab_size=int(hf["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(hf["intermediate_size"]),
-                num_hidden_layers=int(hf["num_hidden_layers"]),
-                num_attention_heads=heads,
-                num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
-                head_dim=int(hf.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                rope_theta=rope_theta,
-                max_position_embeddings=max_pos,
-                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                attention_bias=bias,
-                bos_token_id=_first_id(hf.get("bos_token_id")),
-                eos_token_id=_first_id(hf.get("eos_token_id")),
-                o_proj_bias=bias and not is_qwen2,
-                rope_scaling=_rope_scaling(rope),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ModelLoadError(f"config.json is missing or has a bad value for {exc}") from exc
+        arch = _architecture(hf)
+        is_qwen2 = arch == "Qwen2ForCausalLM"
+        heads, hidden = _num(hf, "num_attention_heads", int), _num(hf, "hidden_size", int)
+        bias = is_qwen2 or bool(hf.get("attention_bias", False))
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        max_pos = _num(hf, "max_position_embeddings", int, 4096)
+        window = hf.get("sliding_window")
+        if window and (not is_qwen2 or hf.get("use_sliding_window")):
+            max_pos = min(max_pos, _num(hf, "sliding_window", int))  # no sliding-window kernel: stay inside
+        cfg = cls(
+            vocab_size=_num(hf, "vocab_size", int),
+            hidden_size=hidden,
+            intermediate_size=_num(hf, "intermediate_size", int),
+            num_hidden_layers=_num(hf, "num_hidden_layers", int),
+            num_attention_heads=heads,
+            num_key_value_heads=_num(hf, "num_key_value_heads", int, heads),
+            head_dim=_num(hf, "head_dim", int, hidden // heads),
+            rms_norm_eps=_num(hf, "rms_norm_eps", float, 1e-6),
+            rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=bias,
+            bos_token_id=_first_id(hf.get("bos_token_id")),
+            eos_token_id=_first_id(hf.get("eos_token_id")),
+            o_proj_bias=bias and not is_qwen2,
+            rope_scaling=_rope_scaling(rope),
+        )
         if cfg.num_attention_heads % cfg.num_key_value_heads:
             raise ModelLoadError(
                 f"config.json: num_attention_heads ({cfg.num_attention_heads}) is not a multiple of "
@@ -99,6 +87,31 @@ class ModelConfig:
         layer = attn + 3 * h * self.intermediate_size + 2 * h
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_hidden_layers * layer + embed + h
+
+
+def _architecture(hf: dict) -> str:
+    archs = hf.get("architectures") or [MODEL_TYPE_TO_ARCH.get(hf.get("model_type"))]
+    arch = archs[0] if isinstance(archs, list) else archs
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(
+            f"unsupported architecture {arch or hf.get('model_type')!r} in config.json; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    if hf.get("mlp_bias"):
+        raise ModelLoadError("config.json sets mlp_bias=true, which this engine does not support")
+    return arch
+
+
+def _num(hf: dict, key: str, kind: type, default=None):
+    """A positive int/float field of config.json; ModelLoadError naming the key otherwise."""
+    value = hf.get(key)
+    if value is None:
+        if default is None:
+            raise ModelLoadError(f"config.json has no {key}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 or kind(value) != value:
+        raise ModelLoadError(f"config.json: {key} must be a positive {kind.__name__}, got {value!r}")
+    return kind(value)
 
 
 def _first_id(value) -> int | None:

@@ -41,7 +41,13 @@ def test_config_missing_field(tmp_path):
     data = json.loads((tmp_path / "config.json").read_text())
     del data["hidden_size"]
     (tmp_path / "config.json").write_text(json.dumps(data))
-    with pytest.raises(ModelLoadError, match="missing or has a bad value for 'hidden_size'"):
+    with pytest.raises(ModelLoadError, match="config.json has no hidden_size"):
+        load(tmp_path)
+    write_config(tmp_path, num_hidden_layers="2")
+    with pytest.raises(ModelLoadError, match="config.json: num_hidden_layers must be a positive int, got '2'"):
+        load(tmp_path)
+    write_config(tmp_path, num_attention_heads=0)
+    with pytest.raises(ModelLoadError, match="num_attention_heads must be a positive int, got 0"):
         load(tmp_path)
 
 

@@ -17,7 +17,7 @@ import gevent
 import locust.stats
 from gevent import GreenletExit
 from locust import HttpUser, LoadTestShape, events, task
-from locust.runners import WorkerRunner
+from locust.runners import MasterRunner, WorkerRunner
 
 from loadgen import client, profiles, runtime
 from loadgen.options import add_arguments
@@ -77,8 +77,10 @@ def _on_test_stop(environment, **kwargs):
     if STATE is None:
         return
     if isinstance(environment.runner, WorkerRunner):
-        environment.runner.send_message(runtime.RECORDS_MESSAGE, STATE.take_unsent())
+        environment.runner.send_message(runtime.RECORDS_MESSAGE, STATE.take_unsent(final=True))
         return
+    if isinstance(environment.runner, MasterRunner):
+        runtime.collect_final_records(STATE, environment.runner)
     STATE.write(environment.host or "")
 
 

@@ -168,8 +168,9 @@ class MockServer:
 
     async def _stream(self, writer, chat: bool, num_tokens: int, mode: str, usage: dict, arrival: float) -> bool:
         cfg = self.config
+        close = b"Connection: close\r\n" if mode == "nodone" else b""  # the client must not reuse it
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n")
+                     b"Transfer-Encoding: chunked\r\n" + close + b"\r\n")
         try:
             if chat:
                 await _event(writer, _chunk(cfg.model, chat, "", role=True))

@@ -23,6 +23,7 @@ from loadgen.server_info import ServerInfoError, discover_max_model_len, list_mo
 
 logger = logging.getLogger("loadgen")
 RECORDS_MESSAGE = "loadgen_records"
+FLUSH_MESSAGE = "loadgen_flush"
 LONG_CONTEXT_FILL = 0.9  # long-context prompts take this share of what max_model_len leaves
 
 
@@ -48,6 +49,7 @@ class LoadgenState:
         self._dirty = False
         self._written = False
         self.worker_name = "local"
+        self.final_worker_ids: set[str] = set()  # master: workers whose last records arrived
 
     @property
     def headers(self) -> dict:
@@ -98,9 +100,9 @@ class LoadgenState:
             self.unsent.append(record)
 
     # --- distributed plumbing -------------------------------------------------------------
-    def take_unsent(self) -> dict:
+    def take_unsent(self, final: bool = False) -> dict:
         batch, self.unsent = self.unsent, []
-        return {"records": [r.to_dict() for r in batch], "model": self.model,
+        return {"records": [r.to_dict() for r in batch], "model": self.model, "final": final,
                 "tokens_per_word": self.calibration.tokens_per_word}
 
     def merge(self, data: dict) -> None:
@@ -158,7 +160,11 @@ def install_distributed(state_ref, environment) -> None:
             if state_ref() is not None:
                 data[RECORDS_MESSAGE] = state_ref().take_unsent()
 
+        def on_flush(environment, msg, **kwargs):
+            runner.stop()  # graceful (--stop-timeout); its test_stop sends the final records
+
         environment.events.report_to_master.add_listener(on_report)
+        runner.register_message(FLUSH_MESSAGE, on_flush, concurrent=True)
     elif isinstance(runner, MasterRunner):
         def on_worker_report(client_id, data):
             if state_ref() is not None and RECORDS_MESSAGE in data:
@@ -167,9 +173,28 @@ def install_distributed(state_ref, environment) -> None:
         def on_message(environment, msg, **kwargs):
             if state_ref() is not None:
                 state_ref().merge(msg.data)
+                if msg.data.get("final"):
+                    state_ref().final_worker_ids.add(msg.node_id)
 
         environment.events.worker_report.add_listener(on_worker_report)
         runner.register_message(RECORDS_MESSAGE, on_message)
+
+
+def collect_final_records(state: LoadgenState, runner: MasterRunner) -> None:
+    """Master at test_stop: make sure every worker stopped and sent its last records.
+
+    On a headless -t run Locust's master only sends `quit` and waits half a second, which loses
+    what workers were still streaming; so the master asks each worker to stop first and waits.
+    """
+    pending = {c.id for c in runner.clients.all} - state.final_worker_ids
+    for client_id in pending:
+        runner.send_message(FLUSH_MESSAGE, None, client_id=client_id)
+    deadline = time.monotonic() + (runner.environment.stop_timeout or 0) + 30
+    while pending - state.final_worker_ids and time.monotonic() < deadline:
+        gevent.sleep(0.05)
+    if missing := pending - state.final_worker_ids:
+        logger.warning("loadgen: no final records from %d worker(s); the report may miss their last requests",
+                       len(missing))
 
 
 def sleep_until(ts: float) -> None:
@@ -178,5 +203,5 @@ def sleep_until(ts: float) -> None:
         gevent.sleep(delay)
 
 
-__all__ = ["LoadgenState", "SetupError", "ServerInfoError", "build_state", "exit_with", "install_distributed",
-           "sleep_until"]
+__all__ = ["LoadgenState", "SetupError", "ServerInfoError", "build_state", "collect_final_records", "exit_with",
+           "install_distributed", "sleep_until"]

@@ -19,49 +19,83 @@ class AttentionMetadata:
 
 
 @dataclass(slots=True)
-class PagedPlan:
-    """Index tensors shared by every layer of one forward pass, built once by `plan_paged`."""
+class GroupPlan:
+    """Sequences attended by one SDPA call: decodes (one query each) or prefills (padded to Q)."""
 
-    block_tables: torch.Tensor  # [B, nb]: only the blocks the longest sequence needs
-    key_mask: torch.Tensor  # [B, 1, Q, L] bool: query may attend to key (Q = 1 for decode)
-    query_index: torch.Tensor | None  # [B * Q] token index into T, padding clamped (None: decode-only)
-    output_index: torch.Tensor | None  # [T] row of each token in the padded [B * Q] output
+    token_index: torch.Tensor | None  # [Tg] rows of the group's tokens in T (None: all of T, in order)
+    block_tables: torch.Tensor  # [Bg, nb]: trimmed to the blocks the group's longest sequence needs
+    key_mask: torch.Tensor  # [Bg, 1, Q, L] bool: query may attend to key (Q = 1 for decodes)
+    query_index: torch.Tensor | None  # [Bg * Q] rows of T, padding clamped (None: decode group)
+    output_index: torch.Tensor | None  # [Tg] rows of the padded [Bg * Q] output (None: decode group)
+
+
+PagedPlan = list[GroupPlan]
 
 
 def plan_paged(attn: AttentionMetadata) -> PagedPlan:
-    """Build gather indices and the causal mask for a batch; called once per forward."""
-    device = attn.block_tables.device
-    context_lens = attn.context_lens.to(device)
-    num_blocks = attn.block_tables.shape[1]
-    if device.type == "cpu":
-        # Trim padding columns: the gather cost scales with the table width (free on CPU, no sync).
-        longest = int(context_lens.max()) if context_lens.numel() else 0
-        num_blocks = min(num_blocks, max(1, -(-longest // attn.block_size)))
-    block_tables = attn.block_tables[:, :num_blocks]
-    key_pos = torch.arange(num_blocks * attn.block_size, device=device)  # [L]
+    """Gather indices and causal masks for a batch; built once per forward, used by every layer.
+
+    Decodes and prefills attend in separate calls: padding 32 one-token decodes to the length
+    of a 2,000-token prefill chunk would multiply the attention work by 32.
+    """
     if attn.is_decode_only:
-        key_mask = key_pos[None, :] < context_lens[:, None]  # [B, L]
-        return PagedPlan(block_tables, key_mask[:, None, None, :], None, None)
+        return [_decode_group(attn, None)]
     qsl = attn.query_start_loc
-    num_seqs, num_tokens = len(qsl) - 1, qsl[-1]
-    q_lens_list = [qsl[i + 1] - qsl[i] for i in range(num_seqs)]
-    max_q = max(q_lens_list)
-    starts = torch.tensor(qsl[:-1], device=device)  # [B]
-    q_lens = torch.tensor(q_lens_list, device=device)  # [B]
+    q_lens = [qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)]
+    decode_ids = [i for i, n in enumerate(q_lens) if n == 1]
+    prefill_ids = [i for i, n in enumerate(q_lens) if n != 1]
+    if not decode_ids:
+        return [_prefill_group(attn, None, q_lens)]
+    return [_decode_group(attn, decode_ids)] + ([_prefill_group(attn, prefill_ids, q_lens)] if prefill_ids else [])
+
+
+def _select(attn: AttentionMetadata, seq_ids: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block tables and context lengths of some sequences, tables trimmed on CPU."""
+    device = attn.block_tables.device
+    tables, context_lens = attn.block_tables, attn.context_lens.to(device)
+    if seq_ids is not None:
+        index = torch.tensor(seq_ids, device=device)
+        tables, context_lens = tables.index_select(0, index), context_lens.index_select(0, index)
+    if device.type == "cpu":  # the gather cost scales with the table width; the max is free on CPU
+        longest = int(context_lens.max())
+        tables = tables[:, : max(1, -(-longest // attn.block_size))]
+    return tables, context_lens
+
+
+def _decode_group(attn: AttentionMetadata, seq_ids: list[int] | None) -> GroupPlan:
+    tables, context_lens = _select(attn, seq_ids)
+    key_pos = torch.arange(tables.shape[1] * attn.block_size, device=tables.device)  # [L]
+    key_mask = key_pos[None, :] < context_lens[:, None]  # [Bg, L]
+    token_index = None
+    if seq_ids is not None:
+        token_index = torch.tensor([attn.query_start_loc[i] for i in seq_ids], device=tables.device)
+    return GroupPlan(token_index, tables, key_mask[:, None, None, :], None, None)
+
+
+def _prefill_group(attn: AttentionMetadata, seq_ids: list[int] | None, q_lens: list[int]) -> GroupPlan:
+    tables, context_lens = _select(attn, seq_ids)
+    device, qsl = tables.device, attn.query_start_loc
+    ids = list(range(len(q_lens))) if seq_ids is None else seq_ids
+    lens_list = [q_lens[i] for i in ids]
+    num_group_tokens, max_q = sum(lens_list), max(lens_list)
+    starts = torch.tensor([qsl[i] for i in ids], device=device)  # [Bg]
+    lens = torch.tensor(lens_list, device=device)  # [Bg]
     offsets = torch.arange(max_q, device=device)  # [Q]
-    query_index = (starts[:, None] + offsets[None, :]).clamp(max=num_tokens - 1)  # [B, Q]
+    query_index = (starts[:, None] + offsets[None, :]).clamp(max=qsl[-1] - 1)  # [Bg, Q]
     seq_of_token = torch.repeat_interleave(
-        torch.arange(num_seqs, device=device), q_lens, output_size=num_tokens
-    )  # [T]
-    output_index = torch.arange(num_tokens, device=device) - starts[seq_of_token] + seq_of_token * max_q  # [T]
-    # Query j of sequence i sits at position context_len - q_len + j: the new tokens come last.
-    query_pos = context_lens[:, None] - q_lens[:, None] + offsets[None, :]  # [B, Q]
-    causal = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, Q, L]
-    in_context = key_pos[None, None, :] < context_lens[:, None, None]  # [B, 1, L]
-    key_mask = (causal & in_context)[:, None]  # [B, 1, Q, L]
-    # Padding queries past the context see no key; let them see key 0 so softmax stays finite.
-    key_mask[:, 0, :, 0] = True
-    return PagedPlan(block_tables, key_mask, query_index.flatten(), output_index)
+        torch.arange(len(ids), device=device), lens, output_size=num_group_tokens
+    )  # [Tg]
+    group_starts = torch.cumsum(lens, 0) - lens  # [Bg]: where each sequence starts within the group
+    j = torch.arange(num_group_tokens, device=device) - group_starts[seq_of_token]  # [Tg]
+    output_index = seq_of_token * max_q + j  # [Tg]
+    token_index = None if seq_ids is None else starts[seq_of_token] + j  # [Tg]
+    # Query j of a sequence sits at position context_len - q_len + j: the new tokens come last.
+    key_pos = torch.arange(tables.shape[1] * attn.block_size, device=device)  # [L]
+    query_pos = context_lens[:, None] - lens[:, None] + offsets[None, :]  # [Bg, Q]
+    causal = key_pos[None, None, :] <= query_pos[:, :, None]  # [Bg, Q, L]
+    in_context = key_pos[None, None, :] < context_lens[:, None, None]  # [Bg, 1, L]
+    key_mask = (causal & in_context)[:, None]  # [Bg, 1, Q, L]
+    return GroupPlan(token_index, tables, key_mask, query_index.flatten(), output_index)
 
 
 def write_kv(
@@ -94,19 +128,29 @@ def paged_attention(
     """Write k/v [T, Hkv, D] into the cache, then attend q [T, H, D] causally; returns [T, H, D]."""
     k_cache, v_cache = kv_cache
     write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
-    keys = gather_kv(k_cache, plan.block_tables)  # [B, Hkv, L, D]
-    values = gather_kv(v_cache, plan.block_tables)  # [B, Hkv, L, D]
-    gqa = q.shape[1] != keys.shape[1]
-    if attn.is_decode_only:
-        queries = q[:, :, None, :]  # [B, H, 1, D]
-        out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=plan.key_mask, enable_gqa=gqa
-        )  # [B, H, 1, D]
-        return out[:, :, 0, :]  # [T = B, H, D]
+    if len(plan) == 1 and plan[0].token_index is None:
+        return _attend(q, k_cache, v_cache, plan[0])
+    out = torch.empty_like(q)
+    for group in plan:
+        out.index_copy_(0, group.token_index, _attend(q, k_cache, v_cache, group))
+    return out
+
+
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: GroupPlan) -> torch.Tensor:
+    """One SDPA call over a group's sequences; returns [Tg, H, D] in the group's token order."""
+    keys = gather_kv(k_cache, group.block_tables)  # [Bg, Hkv, L, D]
+    values = gather_kv(v_cache, group.block_tables)  # [Bg, Hkv, L, D]
     num_seqs, num_heads, head_dim = keys.shape[0], q.shape[1], q.shape[2]
-    queries = q.index_select(0, plan.query_index).view(num_seqs, -1, num_heads, head_dim)  # [B, Q, H, D]
+    gqa = num_heads != keys.shape[1]
+    if group.query_index is None:  # decodes: one query per sequence
+        queries = q if group.token_index is None else q.index_select(0, group.token_index)  # [Bg, H, D]
+        out = F.scaled_dot_product_attention(
+            queries[:, :, None, :], keys, values, attn_mask=group.key_mask, enable_gqa=gqa
+        )  # [Bg, H, 1, D]
+        return out[:, :, 0, :]  # [Bg, H, D]
+    queries = q.index_select(0, group.query_index).view(num_seqs, -1, num_heads, head_dim)  # [Bg, Q, H, D]
     out = F.scaled_dot_product_attention(
-        queries.transpose(1, 2), keys, values, attn_mask=plan.key_mask, enable_gqa=gqa
-    )  # [B, H, Q, D]
-    out = out.transpose(1, 2).reshape(-1, num_heads, head_dim)  # [B * Q, H, D]
-    return out.index_select(0, plan.output_index)  # [T, H, D], sequences in order
+        queries.transpose(1, 2), keys, values, attn_mask=group.key_mask, enable_gqa=gqa
+    )  # [Bg, H, Q, D]
+    out = out.transpose(1, 2).reshape(-1, num_heads, head_dim)  # [Bg * Q, H, D]
+    return out.index_select(0, group.output_index)  # [Tg, H, D]

@@ -106,15 +106,22 @@ def test_chunked_prefill_then_batched_decode_matches_full_recompute(llama_ckpt):
 
 
 def test_mixed_prefill_and_decode_batch(llama_ckpt):
+    """Decodes and prefill chunks interleaved in one batch: each attends in its own group."""
     model = load(llama_ckpt[0]).model
     harness = PagedHarness(model, seed=5)
     a = harness.new_seq([3, 1, 4, 1, 5, 9, 2, 6])
+    c = harness.new_seq(list(range(200, 221)))
     b = harness.new_seq(list(range(40, 53)))
-    harness.step([(a, 8)])
-    a.token_ids.append(int(a.logits[-1].argmax()))
-    logits = harness.step([(a, 1), (b, 13)])  # one decode token next to a whole prefill
-    torch.testing.assert_close(logits[0], full_last_logits(model, a.token_ids), atol=1e-4, rtol=0)
-    torch.testing.assert_close(logits[1], full_last_logits(model, b.token_ids), atol=1e-4, rtol=0)
+    d = harness.new_seq(list(range(150, 160)))
+    harness.step([(a, 8), (c, 21)])
+    for seq in (a, c):
+        seq.token_ids.append(int(seq.logits[-1].argmax()))
+    harness.step([(b, 13), (a, 1), (d, 4), (c, 1)])  # prefill, decode, prefill chunk, decode
+    harness.step([(d, 6)])
+    for seq, num_prompt in ((a, 8), (b, 13), (c, 21), (d, 10)):
+        seq.token_ids.append(int(seq.logits[-1].argmax()))
+        assert_matches_full_recompute(model, seq, num_prompt)
+    assert d.logit_positions == [3, 9]
 
 
 def test_cached_prefix_is_read_not_recomputed(llama_ckpt):

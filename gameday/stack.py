@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 import tempfile
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,16 +77,19 @@ def wait_engines_ready(stack: Stack) -> None:
 
 
 def warm_up(addr: str) -> None:
-    """One long prefill before Prometheus starts: the first forward of a new shape is slow on CPU, and
-    a cold first request would count against the TTFT SLO in the drill's one-minute windows."""
-    body = json.dumps({"prompt": "warm up " * 120, "max_tokens": 2}).encode()
-    req = urllib.request.Request(f"http://{addr}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    """Send the load generator's own calibration probe (a ~1000-token chat prompt) to each engine
+    before Prometheus starts. The first long prefill is slow on a CPU, and Locust's probe is always
+    its first request: cold, it alone would breach the TTFT SLO in the drill's one-minute windows;
+    warm, Locust's probe hits the prefix cache."""
+    from loadgen.server_info import ServerInfoError, list_models, probe_tokens_per_word
+
+    host = f"http://{addr}"
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            resp.read()
-    except OSError as exc:
-        raise GamedayError(f"warm-up request to {addr} failed: {exc}") from exc
+        model = list_models(host, {})[0]["id"]
+    except (ServerInfoError, IndexError, KeyError) as exc:
+        raise GamedayError(f"warm-up: {host}/v1/models: {exc}") from exc
+    if probe_tokens_per_word(host, "/v1/chat/completions", {}, model, chat=True) is None:
+        raise GamedayError(f"warm-up: the calibration probe to {host} failed (see the engine log)")
 
 
 def wait_engine_exit(proc: Proc, timeout_s: float = ENGINE_READY_TIMEOUT_S) -> int:

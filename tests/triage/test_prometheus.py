@@ -86,10 +86,10 @@ scrape_configs:
 def test_metrics_become_evidence(prometheus, run_cli):
     now = datetime.now(UTC)
     code, out, err = run_cli("diagnose", CORPUS / "nginx-healthy" / "access.log", "--prometheus", prometheus,
-                             "--since", (now - timedelta(minutes=5)).isoformat(), "--until", now.isoformat(),
+                             "--since", (now - timedelta(minutes=5)).isoformat(), "--until", (now + timedelta(minutes=1)).isoformat(),
                              "--format", "json")
     doc = json.loads(out)
-    assert code == 1, err
+    assert code == 1, (err, out)
     first = doc["findings"][0]
     assert first["id"] == "kv-preemption" and first["confidence"] == "high"
     sources = {e["file"] for e in first["evidence"]}

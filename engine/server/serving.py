@@ -52,12 +52,19 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+# As vLLM: a temperature under this is greedy (dividing logits by it overflows float32).
+GREEDY_EPS = 1e-5
+# The smallest nucleus mass float32 sampling tells apart from 0 (the top token is always kept).
+MIN_TOP_P = 1e-6
+
+
 def _sampling(body: p._SamplingFields, default_max: int) -> SamplingParams:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    temperature = 1.0 if body.temperature is None else body.temperature
     params = SamplingParams(
         max_tokens=body.max_tokens or default_max,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
+        temperature=0.0 if temperature < GREEDY_EPS else temperature,
+        top_p=1.0 if body.top_p is None else max(body.top_p, MIN_TOP_P),
         top_k=body.top_k if body.top_k and body.top_k > 0 else None,
         seed=body.seed, stop=stop, ignore_eos=bool(body.ignore_eos),
     )

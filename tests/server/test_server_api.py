@@ -170,3 +170,17 @@ def test_health_ready_and_openapi(server):
     assert server.client.get("/ready").text == "ready\n"
     paths = server.client.get("/openapi.json").json()["paths"]
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(paths)
+
+
+@pytest.mark.parametrize("extra, status", [
+    ({"temperature": 1e-300}, 200),  # greedy, as vLLM treats temperatures under 1e-5
+    ({"top_p": 1e-323}, 200),  # the top token is always kept
+    ({"seed": 2**70}, 400),  # beyond int64
+    ({"top_k": -1, "seed": 7}, 200),  # vLLM's "top_k disabled"
+])
+def test_sampling_edge_values_never_fail_the_engine(server, extra, status):
+    body = {"model": "builtin", "prompt": "edge", "max_tokens": 2, **extra}
+    response = server.client.post("/v1/completions", json=body)
+    assert response.status_code == status, response.text
+    if status == 200:
+        assert response.json()["choices"][0]["finish_reason"] in ("length", "stop")

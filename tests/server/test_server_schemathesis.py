@@ -2,9 +2,9 @@
 
 import pytest
 import schemathesis
-from schemathesis import GenerationMode
 from hypothesis import HealthCheck, given, settings
 from openai_schemas import check
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from server_harness import start_server
 
@@ -39,4 +39,3 @@ def test_no_server_errors_and_openai_error_shape(small_server, path, mode):
     assert statuses and all(s < 500 for s in statuses)
     if mode is GenerationMode.NEGATIVE:
         assert all(s >= 400 for s in statuses), statuses
-    print(path, mode, statuses)

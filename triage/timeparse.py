@@ -23,7 +23,21 @@ def _frac(s: str) -> int:
     return int((digits + "000000")[:6]) if digits else 0
 
 
+_ISO_CACHE: dict[str, datetime | None] = {}
+
+
 def parse_iso(s: str) -> datetime | None:
+    """Cached: neighbouring log lines usually share their timestamp string."""
+    ts = _ISO_CACHE.get(s, _ISO_CACHE)
+    if ts is not _ISO_CACHE:
+        return ts  # type: ignore[return-value]
+    if len(_ISO_CACHE) > 4096:
+        _ISO_CACHE.clear()
+    ts = _ISO_CACHE[s] = _parse_iso(s)
+    return ts
+
+
+def _parse_iso(s: str) -> datetime | None:
     """2026-11-29T19:40:01.123Z, 2026-11-29 19:40:01,123, with an optional offset."""
     if len(s) < 19 or s[4] != "-" or s[7] != "-" or s[13] != ":":
         return None

@@ -37,6 +37,8 @@ class FileParser:
         return self._text(lineno, line)
 
     def _json(self, lineno: int, line: str) -> list[Event] | None:
+        if _uninteresting(line):
+            return []
         try:
             obj = json.loads(line)
         except ValueError:
@@ -129,6 +131,18 @@ class FileParser:
                 ev.fields["frames"] = list(self.frames)
             self.frames = []
         return events
+
+
+# Engine events no rule reads (unless they carry prompt text): skipped before decoding the JSON.
+_SKIP_EVENTS = ('"event":"request.first_token"', '"event":"http.access"', '"event":"request.received"')
+
+
+def _uninteresting(line: str) -> bool:
+    start = line.find('"event":"')
+    if start < 0:
+        return False
+    key = line[start:line.find('"', start + 9) + 1]
+    return key in _SKIP_EVENTS and '"prompt":' not in line
 
 
 def head_nginx_error(line: str) -> bool:

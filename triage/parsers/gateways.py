@@ -23,6 +23,9 @@ _ALB = re.compile(
 _UVICORN = re.compile(
     r'^(?:\(\w+ pid=\d+\) )?INFO:\s+(?P<client>[\d.:\[\]a-f]+) - "(?P<request>[^"]*)" (?P<status>\d{3})')
 _TAIL_KV = re.compile(r'(\w+)=("[^"]*"|\S+)')
+# ingress-nginx `upstreaminfo` after the user agent: request_length request_time [name] [alt] addr len time status id
+_UPSTREAMINFO = re.compile(
+    r"^ \d+ (?P<rt>[\d.]+) \[[^\]]*\] \[[^\]]*\] (?P<addr>\S+) \S+ (?P<urt>[\d.]+|-) (?P<us>\S+)(?: (?P<rid>\S+))?$")
 _ADDR = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:]+\]|[\w.-]+):\d+$")
 _ENVOY_TIMEOUT = {"UT", "SI"}
 _ENVOY_CLIENT = {"DC", "DI"}
@@ -61,7 +64,15 @@ def _access(fields: dict, source: str, ts, file: str, lineno: int, line: str) ->
 
 def _nginx_tail(tail: str, fields: dict) -> None:
     """Timings after the combined part: key=value pairs, or positional floats and host:port."""
-    kvs = dict(_TAIL_KV.findall(tail))
+    if not tail:
+        return
+    if m := _UPSTREAMINFO.match(tail):  # the common case, one regex
+        fields["duration_s"] = float(m.group("rt"))
+        fields["upstream_s"] = float(m.group("urt")) if m.group("urt") != "-" else None
+        fields["upstream_addr"] = m.group("addr") if m.group("addr") != "-" else None
+        fields["upstream_status"] = m.group("us")
+        return
+    kvs = dict(_TAIL_KV.findall(tail)) if "=" in tail else None
     if kvs:
         for key, value in kvs.items():
             k = key.lower()

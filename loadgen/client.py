@@ -147,6 +147,7 @@ def _fill(record: RequestRecord, parser: SSEParser) -> None:
     record.prompt_tokens = state.prompt_tokens
     record.cached_tokens = state.cached_tokens
     record.finish_reason = state.finish_reason
+    record.response_id = state.response_id
     if state.completion_tokens is not None:
         record.output_tokens = state.completion_tokens
         record.output_tokens_source = TokenSource.USAGE

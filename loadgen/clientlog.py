@@ -44,11 +44,12 @@ class ClientLog:
             return json.dumps({
                 "ts": iso_utc(now_unix), "level": level, "logger": "loadgen",
                 "event": "request.aborted" if aborted else "request.failed",
-                "request_id": record.request_id, "kind": kind, "http_status": record.http_status,
+                "request_id": record.request_id, "response_id": record.response_id, "kind": kind, "http_status": record.http_status,
                 "elapsed_s": round(elapsed, 6), "chunks": record.num_chunks, "error": record.error,
             })
         status = record.http_status if record.http_status is not None else "-"
-        return (f"{iso_utc(now_unix)} {level.upper()} loadgen request_id={record.request_id} kind={kind} "
+        response = f" response_id={record.response_id}" if record.response_id else ""
+        return (f"{iso_utc(now_unix)} {level.upper()} loadgen request_id={record.request_id}{response} kind={kind} "
                 f"status={status} elapsed_s={elapsed:.3f} chunks={record.num_chunks} {record.error}")
 
     def close(self) -> None:

@@ -48,6 +48,7 @@ class RequestRecord:
     cached_tokens: int | None = None
     finish_reason: str | None = None
     max_tokens: int | None = None
+    response_id: str | None = None  # the server's completion id, to join with its logs
 
     @property
     def tpot_s(self) -> float | None:

@@ -21,7 +21,8 @@ REQUESTS_CSV = "loadgen_requests.csv"
 PERCENTILES = (50, 90, 95, 99)
 CSV_FIELDS = ("request_id", "worker", "profile", "scheduled_unix", "client_queue_s", "outcome", "failure_kind",
               "http_status", "ttft_s", "tpot_s", "e2e_s", "end_s", "num_chunks", "prompt_tokens", "output_tokens",
-              "output_tokens_source", "cached_tokens", "finish_reason", "max_tokens", "itl_s", "error")
+              "output_tokens_source", "cached_tokens", "finish_reason", "max_tokens", "response_id", "itl_s",
+              "error")
 
 
 class ReportError(Exception):

@@ -11,7 +11,7 @@ from loadgen.records import FailureKind
 # llmserve's info metric, then vLLM's (whose cache_config_info carries no length; model_config may).
 MAX_LEN_PATTERNS = (re.compile(r'llm_engine_info\{[^}]*max_model_len="(\d+)"'),
                     re.compile(r'vllm:\w+_info\{[^}]*max_model_len="(\d+)"'))
-PROBE_WORDS = 200
+PROBE_WORDS = 64
 
 
 class ServerInfoError(Exception):

@@ -21,6 +21,7 @@ class StreamState:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    response_id: str | None = None  # the server's id for the completion (its request id in llmserve/vLLM)
     text_parts: list[str] = field(default_factory=list)  # the answer, for multi-turn histories
 
     @property
@@ -86,6 +87,8 @@ class SSEParser:
 
     def _on_event(self, event: dict, now: float) -> None:
         state = self.state
+        if state.response_id is None and isinstance(event.get("id"), str):
+            state.response_id = event["id"]
         if event.get("error") is not None:
             state.error = state.error or _error_message(event["error"])
             return

@@ -1,5 +1,7 @@
 """One streamed request through Locust's HttpSession against the mock server: outcome and kind per fault."""
 
+import re
+
 import pytest
 from locust.clients import HttpSession
 from locust.event import EventHook
@@ -35,8 +37,9 @@ def test_ok_stream_timings_and_usage(mock_server):
     assert record.num_chunks == 6 and len(record.itl_s) == 5
     assert (record.output_tokens, record.output_tokens_source) == (6, TokenSource.USAGE)
     assert record.prompt_tokens == 3 and record.cached_tokens == 0
-    assert record.ttft_s == pytest.approx(0.05, abs=0.015)
-    assert record.tpot_s == pytest.approx(0.02, abs=0.015)
+    # Server and client share this process's GIL: exact timing is the subprocess test's job.
+    assert 0.048 <= record.ttft_s < 0.2
+    assert 0.018 <= record.tpot_s < 0.1
     assert [e["request_type"] for e in events] == ["POST"] and events[0]["exception"] is None
 
 
@@ -56,7 +59,8 @@ def test_each_fault_is_a_failure_of_its_kind(mock_server, tmp_path, fault, kind,
     assert record.error.startswith(text)
     assert events[0]["exception"].kind is kind
     line = (tmp_path / "client.log").read_text().strip()
-    assert f" ERROR loadgen request_id=req-1 kind={kind.value} " in line and line.endswith(record.error)
+    assert re.search(rf" ERROR loadgen request_id=req-1 (response_id=\S+ )?kind={kind.value} ", line)
+    assert line.endswith(record.error)
 
 
 def test_silent_stream_is_a_timeout(mock_server):

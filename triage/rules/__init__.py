@@ -63,9 +63,13 @@ class Facts:
         self.num_engine_requests = 0  # request.finished + request.aborted
         self.num_gateway_requests = 0  # access-log lines
         self.num_events = 0
+        self.last_request_ts: datetime | None = None  # last request or access line (not start-up/shutdown)
 
     def observe(self, ev: Event) -> None:
         self.num_events += 1
+        if ev.ts is not None and (ev.kind.startswith("request.") or ev.kind == "http.access"):
+            if self.last_request_ts is None or ev.ts > self.last_request_ts:
+                self.last_request_ts = ev.ts
         if ev.ts is not None:
             if self.first_ts is None or ev.ts < self.first_ts:
                 self.first_ts = ev.ts

@@ -173,14 +173,16 @@ class StreamRule(Rule):
         return out
 
     def in_shutdown_tail(self, facts: Facts) -> bool:
-        """Every disconnect came in the last seconds of a long log: the load stopping, not an incident."""
-        if facts.num_requests < 20 or facts.last_ts is None:
-            return False
+        """Every disconnect came at once at the very end of a run that served others: the load stopping."""
+        end = facts.last_request_ts
         stamps = [ts for ts in self.client_ts if ts is not None] + [
             e.ts for e in self.engine_aborts if e.ts is not None]
-        if not stamps or len(stamps) < len(self.client_ts) + len(self.engine_aborts):
+        if end is None or not stamps or len(stamps) < len(self.client_ts) + len(self.engine_aborts):
             return False
-        return all((facts.last_ts - ts).total_seconds() <= SHUTDOWN_TAIL_S for ts in stamps)
+        if facts.num_requests - len(self.engine_aborts) < 5:
+            return False  # an excerpt, or a run of nothing but disconnects
+        first = min(stamps)
+        return (end - first).total_seconds() <= SHUTDOWN_TAIL_S
 
     @staticmethod
     def confidence_of(cand: Candidate) -> Confidence:

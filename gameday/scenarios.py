@@ -39,6 +39,8 @@ class Scenario:
     faults: list[Fault] = field(default_factory=list)
     # Each inner list is one expectation met by any of its alerts ("A or B").
     expected_alerts: list[list[str]] = field(default_factory=list)
+    # Alerts that may also fire as true co-symptoms (name -> why); any other alert fails the run.
+    tolerated_alerts: dict[str, str] = field(default_factory=dict)
     expected_finding: str | None = None  # None: triage must report status ok
     expected_cause: str | None = None
     engine_starts: bool = True  # False: llmserve must refuse to start (the fault is the config)
@@ -64,6 +66,8 @@ SCENARIOS: list[Scenario] = [
         phases=[LoadPhase("steady", users=8, run_time_s=25,
                           extra_args=["--output-tokens", "96", "--prompt-tokens", "96"])],
         expected_alerts=[["LLMKVCacheNearlyFull"], ["LLMPreemptionsHigh"]],
+        tolerated_alerts={"LLMTTFTSLOBurn": "requests wait for KV blocks and preempted ones start over, "
+                                            "so first tokens come late: a true SLO burn"},
         expected_finding="kv-preemption", ci=True, probe_dashboards=True),
     Scenario(
         name="kv-capacity-startup", summary="max_model_len 4096 needs 32 MiB of KV cache, the budget is 16 MiB: llmserve refuses to start",
@@ -82,7 +86,7 @@ SCENARIOS: list[Scenario] = [
         expected_alerts=[["LLMStreamAbortsHigh", "LLMErrorRateHigh"]], expected_finding="stream-cut-gateway-timeout"),
     Scenario(
         name="client-abort", summary="clients cancel their streams after a few tokens",
-        phases=[LoadPhase("abort", users=4, run_time_s=20, extra_args=["--output-tokens", "128", "--prompt-tokens", "64"])],
+        phases=[LoadPhase("abort", users=2, run_time_s=20, extra_args=["--output-tokens", "128", "--prompt-tokens", "64"])],
         expected_alerts=[["LLMStreamAbortsHigh"]], expected_finding="stream-cut-client-disconnect", ci=True),
     Scenario(
         name="proxy-buffering", summary="nginx proxy_buffering on: the engine is healthy, clients see tokens late",
@@ -97,7 +101,7 @@ SCENARIOS: list[Scenario] = [
     Scenario(
         name="engine-crash", summary="the engine loop dies after 10 finished requests and the process exits",
         engine_flags=["--fault-crash-after-requests", "10"],
-        phases=[LoadPhase("steady", users=4, run_time_s=20, extra_args=_STEADY)],
+        phases=[LoadPhase("steady", users=2, run_time_s=20, extra_args=_STEADY)],
         expected_alerts=[["LLMEngineDown"]], expected_finding="engine-crash", ci=True),
     Scenario(
         name="runtime-oom", summary="CUDA out-of-memory raised in the forward pass after 8 requests, engine stays up",

@@ -38,6 +38,16 @@ def test_check_alerts_expected_missing_unexpected_and_bad_runbook():
     ]
 
 
+def test_check_alerts_tolerated_co_symptom_is_noted_not_failed():
+    scenario = get_scenario("kv-pressure")
+    watcher = _watcher(("LLMKVCacheNearlyFull", "a:1", 9.0, "https://x/runbooks/LLMKVCacheNearlyFull.md"),
+                       ("LLMPreemptionsHigh", "a:1", 8.0, "https://x/runbooks/LLMPreemptionsHigh.md"),
+                       ("LLMTTFTSLOBurn", "a:1", 11.0, "https://x/runbooks/LLMTTFTSLOBurn.md"))
+    notes: list[str] = []
+    assert check_alerts(scenario, watcher, notes) == []
+    assert notes == ["also fired: LLMTTFTSLOBurn (" + scenario.tolerated_alerts["LLMTTFTSLOBurn"] + ")"]
+
+
 def test_check_alerts_any_of_group_and_missing_runbook_file():
     scenario = get_scenario("gateway-timeout")
     watcher = _watcher(("LLMErrorRateHigh", "a:1", 3.0, "https://x/runbooks/LLMNoSuchRunbook.md"))

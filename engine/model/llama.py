@@ -41,6 +41,7 @@ class ModelConfig:
         heads, hidden = _num(hf, "num_attention_heads", int), _num(hf, "hidden_size", int)
         bias = is_qwen2 or bool(hf.get("attention_bias", False))
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        theta = _num(rope, "rope_theta", float, 10000.0) if isinstance(rope, dict) else 10000.0
         max_pos = _num(hf, "max_position_embeddings", int, 4096)
         window = hf.get("sliding_window")
         if window and (not is_qwen2 or hf.get("use_sliding_window")):
@@ -54,7 +55,7 @@ class ModelConfig:
             num_key_value_heads=_num(hf, "num_key_value_heads", int, heads),
             head_dim=_num(hf, "head_dim", int, hidden // heads),
             rms_norm_eps=_num(hf, "rms_norm_eps", float, 1e-6),
-            rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            rope_theta=_num(hf, "rope_theta", float, None) if hf.get("rope_theta") else theta,
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=bias,
@@ -117,17 +118,33 @@ def _num(hf: dict, key: str, kind: type, default=None):
 def _first_id(value) -> int | None:
     """Token ids in config.json may be an int, a list (Llama 3 eos) or null."""
     if isinstance(value, list):
-        return int(value[0]) if value else None
-    return None if value is None else int(value)
+        value = value[0] if value else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ModelLoadError(f"config.json: token id must be an integer, got {value!r}")
+    return value
+
+
+ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
 
 
 def _rope_scaling(rope: dict) -> dict | None:
+    """Validated at load, so a bad rope config never fails inside a request."""
+    if not isinstance(rope, dict):
+        raise ModelLoadError(f"config.json: rope scaling must be an object, got {rope!r}")
     kind = rope.get("rope_type") or rope.get("type") or "default"
     if kind == "default":
         return None
-    if kind not in ("llama3", "linear"):
+    if kind not in ROPE_SCALING_KEYS:
         raise ModelLoadError(f"config.json: rope scaling type {kind!r} is not supported (llama3, linear are)")
-    return dict(rope, rope_type=kind)
+    scaling = {"rope_type": kind}
+    for key in ROPE_SCALING_KEYS[kind]:
+        scaling[key] = _num(rope, key, float)
+    if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise ModelLoadError("config.json: llama3 rope scaling needs high_freq_factor > low_freq_factor")
+    return scaling
 
 
 def rope_inv_freq(cfg: ModelConfig, device: torch.device) -> torch.Tensor:
@@ -139,10 +156,10 @@ def rope_inv_freq(cfg: ModelConfig, device: torch.device) -> torch.Tensor:
     if scaling is None:
         return inv_freq
     if scaling["rope_type"] == "linear":
-        return inv_freq / float(scaling["factor"])
+        return inv_freq / scaling["factor"]
     # llama3: keep high frequencies, divide low ones by factor, blend in between.
-    factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-    old_len = float(scaling["original_max_position_embeddings"])
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
     smooth = (old_len / wavelen - low) / (high - low)

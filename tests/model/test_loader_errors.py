@@ -128,6 +128,14 @@ def test_other_hf_config_refusals():
         ModelConfig.from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     with pytest.raises(ModelLoadError, match=r"num_attention_heads \(4\) is not a multiple of num_key_value_heads \(3\)"):
         ModelConfig.from_hf({**base, "num_key_value_heads": 3})
+    with pytest.raises(ModelLoadError, match="config.json has no low_freq_factor"):
+        ModelConfig.from_hf({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    with pytest.raises(ModelLoadError, match="rope_theta must be a positive float, got 'big'"):
+        ModelConfig.from_hf({**base, "rope_theta": "big"})
+    with pytest.raises(ModelLoadError, match="token id must be an integer, got 'x'"):
+        ModelConfig.from_hf({**base, "eos_token_id": ["x"]})
+    assert ModelConfig.from_hf({**base, "rope_scaling": {"type": "linear", "factor": 2}}).rope_scaling == {
+        "rope_type": "linear", "factor": 2.0}
     windowed = ModelConfig.from_hf({**base, "sliding_window": 128})
     assert windowed.max_position_embeddings == 128  # no sliding-window kernel: stay inside it
     assert ModelConfig.from_hf({**base, "eos_token_id": [7, 8]}).eos_token_id == 7

@@ -10,6 +10,7 @@ import argparse
 import os
 import re
 import sys
+from pathlib import Path
 
 from engine.core.config import EngineConfig
 from engine.core.faults import FaultConfig
@@ -136,7 +137,8 @@ def _open_log(args: argparse.Namespace) -> EventLogger:
             stream = open(args.log_file, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise UsageError(f"cannot open --log-file {args.log_file}: {exc.strerror}") from None
-    return EventLogger(args.served_model_name or "builtin", stream, LogFormat(args.log_format))
+    name = args.served_model_name or ("builtin" if args.model == "builtin" else Path(args.model).name)
+    return EventLogger(name, stream, LogFormat(args.log_format))
 
 
 def run(argv: list[str] | None = None) -> int:

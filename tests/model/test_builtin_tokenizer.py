@@ -111,3 +111,18 @@ def test_hf_chat_template_from_named_list_and_missing(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(InvalidRequestError, match="no chat template"):
         HFTokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_hf_tokenizer_load_errors(tmp_path):
+    from engine.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="no tokenizer.json"):
+        HFTokenizer(tmp_path)
+    write_tokenizer(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(dict(config, chat_template="{% for m in messages %}")))
+    with pytest.raises(ModelLoadError, match="chat template has a syntax error at line 1"):
+        HFTokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": 42}')
+    with pytest.raises(ModelLoadError, match="tokenizer.json: cannot load tokenizer"):
+        HFTokenizer(tmp_path)

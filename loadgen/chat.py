@@ -114,6 +114,8 @@ class ChatUser(HttpUser):
     def on_start(self):
         self.factory: PromptFactory | None = None
         self.state = STATE
+        # No proxy or netrc lookups per request: they cost CPU inside the timed window.
+        self.client.trust_env = False
 
     def _factory(self) -> PromptFactory:
         if self.factory is None:

@@ -128,6 +128,10 @@ class MockServer:
         method, path, _ = lines[0].split(" ", 2)
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
         body = await reader.readexactly(int(headers.get("content-length", 0)))
+        if method == "GET" and path == "/stats":  # benchmarks: the server's own lateness, drained on read
+            lags, self.stats.first_token_lag_s = self.stats.first_token_lag_s, []
+            await _send_json(writer, 200, {"num_requests": self.stats.num_requests, "first_token_lag_s": lags})
+            return True
         if method == "GET" and path == "/v1/models":
             card = {"id": self.config.model, "object": "model", "created": 0, "owned_by": "loadgen-mock",
                     "max_model_len": self.config.max_model_len}

@@ -36,7 +36,7 @@ test: $(STAMP) system-deps lint
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" tests
 
 loadtest: $(STAMP)
-	$(BIN)/locust -f loadgen/chat.py --headless -u 8 -r 4 -t 30s --host http://127.0.0.1:$(PORT) --report-dir reports
+	$(BIN)/locust -f loadgen/chat.py --headless -u 8 -r 4 -t 30s --host http://127.0.0.1:$(PORT) --report-dir reports --client-log reports/loadgen-client.log
 
 gameday: $(STAMP) system-deps
 	$(BIN)/python -m gameday run --all

@@ -248,6 +248,17 @@ def case_dynamic_prefix(rng: random.Random) -> None:
     write("dynamic-prefix-engine", {"engine-0.log": engine}, "cache-miss", "dynamic-prefix")
 
 
+def case_dynamic_after_template(rng: random.Random) -> None:
+    """The chat template fills block 0 the same for everyone; the timestamp lands in block 1."""
+    engine = [startup(T0)]
+    template, tail = h("template"), [h(f"policy-{k}") for k in range(5)]
+    for i in range(16):
+        ti = T0 + timedelta(seconds=1 + i * 0.5)
+        fp = [template, h(f"stamp-{i}"), h(f"stamp-{i}-b")] + tail
+        engine += request(ti, f"chatcmpl-{i:04d}", fp, prompt_tokens=130, cached=16)
+    write("dynamic-prefix-after-template", {"engine-0.log": engine}, "cache-miss", "dynamic-prefix")
+
+
 def _refused(t: datetime, i: int, upstream: str = "127.0.0.1:8000") -> str:
     return (f"{slash(t)} [error] 41#41: *{i + 40} connect() failed (111: Connection refused) while connecting to "
             f"upstream, client: 127.0.0.1, server: _, request: \"POST /v1/chat/completions HTTP/1.1\", upstream: "
@@ -368,6 +379,7 @@ def main() -> None:
     case_client_disconnect(rng)
     case_proxy_buffering(rng)
     case_dynamic_prefix(rng)
+    case_dynamic_after_template(rng)
     case_engine_crash(rng)
     case_runtime_oom(rng)
     case_replica_down(rng)

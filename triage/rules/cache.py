@@ -29,7 +29,7 @@ class CacheRule(Rule):
         self.num_requests = 0
         self.num_multi_block = 0
         self.num_short = 0
-        self.later_to_firsts: list[dict] = [{}, {}]  # block 1 and block 2 hash -> {first-block hash: count}
+        self.later_to_prefixes: dict[tuple, dict] = {}  # (position, block hash) -> {earlier blocks: count}
         self.samples: dict[tuple, list[Event]] = {}
         self.prefix_keys: dict[tuple, int] = {}
         self.stats_high: list[float] = []
@@ -78,24 +78,24 @@ class CacheRule(Rule):
         if not isinstance(fp, list) or len(fp) < 2:
             return
         self.num_multi_block += 1
-        first = fp[0]
-        key2 = tuple(fp[:2])
-        if key2 in self.prefix_keys or len(self.prefix_keys) < MAX_KEYS:
-            self.prefix_keys[key2] = self.prefix_keys.get(key2, 0) + 1
-        for pos, table in ((1, self.later_to_firsts[0]), (2, self.later_to_firsts[1])):
-            if pos >= len(fp):
-                continue
-            firsts = table.get(fp[pos])
-            if firsts is None:
-                if len(table) >= MAX_KEYS:
+        # Block j shared with other requests while the blocks before it differ: something early in the
+        # prompt changes per request (block hashes are per block, so a shared later block survives).
+        for j in range(1, len(fp)):
+            key = (j, fp[j])
+            prefixes = self.later_to_prefixes.get(key)
+            if prefixes is None:
+                if len(self.later_to_prefixes) >= MAX_KEYS:
                     continue
-                firsts = table[fp[pos]] = {}
-            firsts[first] = firsts.get(first, 0) + 1
-            skey = (pos, fp[pos])
-            sample = self.samples.get(skey)
+                prefixes = self.later_to_prefixes[key] = {}
+            head = tuple(fp[:j])
+            if head not in prefixes and len(prefixes) >= 64:
+                continue
+            prefixes[head] = prefixes.get(head, 0) + 1
+            sample = self.samples.get(key)
             if sample is None and len(self.samples) < MAX_SAMPLE_KEYS:
-                sample = self.samples[skey] = []
-            if sample is not None and len(sample) < 6 and all(s.fields["prefix_fingerprint"][0] != first for s in sample):
+                sample = self.samples[key] = []
+            if sample is not None and len(sample) < 6 and all(
+                    tuple(s.fields["prefix_fingerprint"][:j]) != head for s in sample):
                 sample.append(ev)
 
     def _stats(self, ev: Event) -> None:

@@ -44,13 +44,26 @@ def finding_disabled(rule, cand) -> Finding | None:
 
 
 def _dynamic_count(rule) -> tuple[int, list]:
-    best, keys = 0, []
-    for pos, table in enumerate(rule.later_to_firsts, start=1):
-        hot = [k for k, firsts in table.items() if len(firsts) >= 2]
-        count = sum(sum(table[k].values()) for k in hot)
-        if count > best:
-            best, keys = count, [(pos, k) for k in hot]
-    return best, keys
+    """Requests sharing a later block with others whose earlier blocks differ, at the best position."""
+    by_position: dict[int, tuple[int, list]] = {}
+    for key, prefixes in rule.later_to_prefixes.items():
+        if len(prefixes) >= 2:
+            count, keys = by_position.get(key[0], (0, []))
+            by_position[key[0]] = (count + sum(prefixes.values()), keys + [key])
+    if not by_position:
+        return 0, []
+    return max(by_position.values(), key=lambda item: item[0])
+
+
+def _first_difference(rule, keys: list) -> str:
+    for key in keys:
+        sample = rule.samples.get(key, [])
+        if len(sample) >= 2:
+            a, b = (s.fields["prefix_fingerprint"] for s in sample[:2])
+            index = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+            if index is not None:
+                return f" (the first differing block is block {index})"
+    return ""
 
 
 def finding_dynamic_prefix(rule, cand) -> Finding | None:
@@ -60,8 +73,8 @@ def finding_dynamic_prefix(rule, cand) -> Finding | None:
         for key in keys[:3]:
             for ev in rule.samples.get(key, []):
                 cand.add(ev, "fingerprint.first_block_differs", True, rule.ids(ev))
-        detail = (f" {count} of {rule.num_multi_block} requests share later prompt blocks with others but "
-                  f"differ in the first block.")
+        detail = (f" {count} of {rule.num_multi_block} requests share a later prompt block with others but "
+                  f"differ before it{_first_difference(rule, keys)}.")
     for variants in rule.text_prefixes.values():
         if len(variants) >= 2:
             for ev in variants.values():
@@ -70,9 +83,9 @@ def finding_dynamic_prefix(rule, cand) -> Finding | None:
         return None
     return cand.finding(
         TITLE + ": the start of the prompt changes every request",
-        "Prompts are identical after their first block, but the first block differs every time (a "
-        "timestamp, a request or user id near the start). Prefix caching matches from the first token, so "
-        "one changed token at the start makes every later block miss." + detail + _rate_text(rule),
+        "Prompts share their later blocks, but an early block differs every time (a timestamp, a request "
+        "or user id near the start). Prefix caching matches from the first token, so one changed token "
+        "early in the prompt makes every block after it miss." + detail + _rate_text(rule),
         STEPS["dynamic-prefix"], weight=float(count))
 
 

@@ -125,11 +125,13 @@ class LoadRule(Rule):
         return out
 
     def _queue_finding(self, n: int) -> list[Finding]:
+        """Slow first schedules alone can be slow steps; a backlog needs a waiting queue or refusals."""
         q = self.queue
         slow_enough = self.num_slow_queue >= max(3, 0.1 * n)
-        if q.num_decisive or slow_enough:
+        queued = self.max_waiting >= 4
+        if q.num_decisive or (slow_enough and queued):
             confidence = Confidence.HIGH
-        elif self.num_slow_queue or self.max_waiting >= 4:
+        elif queued:
             confidence = Confidence.MEDIUM
         else:
             return []

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import yaml
-from conftest import ROOT, rules_in
+from alerts_support import ROOT, rules_in
 from promql_names import metric_names
 
 from dashboards.boards import boards

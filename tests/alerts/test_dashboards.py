@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ROOT
+from alerts_support import ROOT
 
 from dashboards.__main__ import run, stale_boards
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, rules_in
+from alerts_support import ROOT, rules_in
 
 pytestmark = pytest.mark.slow
 

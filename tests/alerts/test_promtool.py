@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 import yaml
-from conftest import ROOT
+from alerts_support import ROOT
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:

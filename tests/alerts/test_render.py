@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import yaml
-from conftest import ROOT
+from alerts_support import ROOT
 
 
 def test_committed_files_are_up_to_date(render):

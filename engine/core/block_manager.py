@@ -203,14 +203,17 @@ class KVCacheManager:
         `computed_blocks` are prefix-cache hits from get_computed_blocks: they are taken by
         reference and their tokens added to `request.num_computed_tokens`.
         """
-        computed_blocks = computed_blocks or []
-        needed = self.num_blocks_needed(request, num_new_tokens, len(computed_blocks))
-        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        num_computed_blocks = len(computed_blocks) if computed_blocks else 0
+        needed = self.num_blocks_needed(request, num_new_tokens, num_computed_blocks)
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks is None:
+            blocks = self.req_to_blocks[request.request_id] = []
         if computed_blocks:
             self.pool.touch(computed_blocks)
             blocks.extend(computed_blocks)
-            request.num_computed_tokens += len(computed_blocks) * self.block_size
-        blocks.extend(self.pool.get_new_blocks(needed))
+            request.num_computed_tokens += num_computed_blocks * self.block_size
+        if needed:
+            blocks.extend(self.pool.get_new_blocks(needed))
         if self.enable_caching:
             self._cache_full_blocks(request, request.num_computed_tokens + num_new_tokens)
 

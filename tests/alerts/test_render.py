@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -54,7 +56,6 @@ def test_changing_the_base_rewrites_rules_tests_and_manifest(render, checkout, p
     assert manifest.count("https://wiki.example.com/sre/llm/") == rules.count("https://wiki.example.com/sre/llm/")
     test_text = (checkout / "alerts" / "tests" / "engine.test.yml").read_text()
     assert "https://wiki.example.com/sre/llm/LLMQueueBacklog.md" in test_text
-    import subprocess
     result = subprocess.run([promtool, "test", "rules", "alerts/tests/engine.test.yml"], cwd=checkout,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout
@@ -65,3 +66,13 @@ def test_bad_config_is_one_clear_error(render, checkout, content, capsys):
     (checkout / "alerts" / "config.yml").write_text(content)
     with pytest.raises(render.RenderError, match="config.yml"):
         render.run(["--root", str(checkout)])
+
+
+def test_cli_reports_bad_config_in_one_line_with_exit_2(checkout):
+    (checkout / "alerts" / "config.yml").write_text("runbook_base: 42\n")
+    result = subprocess.run([sys.executable, str(ROOT / "alerts" / "render.py"), "--root", str(checkout)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
+    assert "runbook_base must be a non-empty URL string" in result.stderr

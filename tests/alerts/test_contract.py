@@ -169,3 +169,9 @@ def test_every_alert_is_tested_firing_and_silent():
     names = {a["alert"] for a in _alerts()}
     assert names <= firing, f"never tested firing: {names - firing}"
     assert names <= silent, f"never tested silent: {names - silent}"
+
+
+def test_runbook_links_point_at_existing_runbooks():
+    for path in sorted((ROOT / "runbooks").glob("LLM*.md")):
+        for target in re.findall(r"\]\(([^)#]+\.md)\)", path.read_text()):
+            assert (path.parent / target).exists(), f"{path.name} links to missing {target}"

@@ -152,6 +152,16 @@ def case_kv_capacity() -> None:
           "kv-below-max-model-len")
 
 
+def case_weights_startup() -> None:
+    msg = ("Model weights take 14.19 GiB, more than the memory budget of 7.20 GiB (gpu_memory_utilization 0.9 of "
+           "8.00 GiB). Try increasing --gpu-memory-utilization or a smaller model or dtype.")
+    tb = ("Traceback (most recent call last):\n  File \"engine/server/builder.py\", line 37, in load_engine\n"
+          "    return LLMEngine(engine_config)\nengine.errors.OutOfMemoryError: " + msg + "\n")
+    engine = [ev(T0, "engine.error", "error", phase="startup", exc_type="OutOfMemoryError", message=msg,
+                 traceback=tb, request_ids=[], fatal=True)]
+    write("weights-startup-engine", {"engine-0.log": engine}, "oom-weights")
+
+
 def case_queue(rng: random.Random) -> None:
     engine, nginx = [startup(T0, max_num_seqs=4)], []
     for i in range(40):
@@ -374,6 +384,7 @@ def main() -> None:
     case_healthy(rng)
     case_kv_preemption(rng)
     case_kv_capacity()
+    case_weights_startup()
     case_queue(rng)
     case_gateway_timeout(rng)
     case_client_disconnect(rng)

@@ -113,7 +113,10 @@ class MemoryRule(Rule):
             return
         if not any(w in text for w in _OOM_WORDS):
             return
-        phase = _ENGINE_PHASE.get(f.get("phase")) or self._phase_from_frames(_FUNC.findall(str(f.get("traceback"))))
+        phase = self._phase_from_frames(_FUNC.findall(str(f.get("traceback") or "")))
+        if phase is None:
+            # llmserve refuses weights that exceed the budget at start-up ("Model weights take X GiB").
+            phase = "weights" if "weights" in str(f.get("message", "")).lower() else _ENGINE_PHASE.get(f.get("phase"))
         fid = PHASE_TO_ID[phase or "runtime"]
         self.num_known[fid] = self.num_known.get(fid, 0) + 1
         self.cands[fid].add(ev, f"engine.error.{f.get('phase')}", True, request_ids_of(ev))

@@ -25,6 +25,11 @@ from gameday.stack import (
 )
 
 LOAD_GRACE_S = 60.0  # Locust's own stop plus report writing, beyond the phase's run time
+# Kept in series.json for each run: what the alerts read, second by second.
+RECORDED_SERIES = ("up", "llm:requests_running", "llm:requests_waiting", "llm:kv_cache_usage:ratio",
+                   "llm:preemptions:rate5m", "llm:requests_abort:ratio_rate5m", "llm:requests_error:ratio_rate5m",
+                   "llm:prefix_cache_hit:ratio_rate5m", "llm:prefix_cache_hit:ratio_avg1h",
+                   "llm:ttft_slo_errors:ratio_rate5m", "llm:ttft_slo_errors:ratio_rate1h")
 
 
 @dataclass(slots=True)
@@ -101,6 +106,7 @@ def _inject(stack: Stack, fault, start_ts: float, log: RunLog) -> None:
 def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> ScenarioResult:
     """Run one scenario; never raises for a failed check or a harness problem (both become failures)."""
     start_ts = time.monotonic()
+    start_epoch = time.time()
     report_dir = report_root / scenario.name
     stack = new_stack(report_dir)
     log = RunLog(echo=echo)
@@ -124,6 +130,7 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
         failures += verdict.check(scenario, stack, watcher, triage, log, notes)
         if scenario.probe_dashboards:
             _probe_dashboards(stack, notes)
+        _record_series(stack, start_epoch)
     except GamedayError as exc:
         failures.append(f"harness: {exc}")
     finally:
@@ -146,6 +153,16 @@ def _probe_dashboards(stack: Stack, notes: list[str]) -> None:
     results = dashboards.probe(stack.prom, queries)
     (stack.report_dir / "dashboards.json").write_text(json.dumps(results, indent=2) + "\n")
     notes.append(f"dashboard panel queries with data: {sum(results.values())}/{len(results)}")
+
+
+def _record_series(stack: Stack, start_epoch: float) -> None:
+    assert stack.prom is not None
+    out: dict[str, dict[str, list]] = {}
+    for expr in RECORDED_SERIES:
+        rows = stack.prom.query_range(expr, start_epoch, time.time(), step_s=1.0)
+        out[expr] = {",".join(f"{k}={v}" for k, v in sorted(r["metric"].items()) if k != "__name__"):
+                     [[round(float(t) - start_epoch, 1), v] for t, v in r["values"]] for r in rows}
+    (stack.report_dir / "series.json").write_text(json.dumps(out) + "\n")
 
 
 def _write_report(report_dir: Path, result: ScenarioResult, watcher: AlertWatcher | None, log: RunLog) -> None:

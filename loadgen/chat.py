@@ -60,6 +60,8 @@ def _on_test_start(environment, **kwargs):
     """Rebuild the state: the web UI (or, on a worker, the master) may have changed the options."""
     global STATE
     worker = isinstance(environment.runner, WorkerRunner)
+    if STATE is not None and STATE.log is not None:
+        STATE.log.close()
     try:
         STATE = runtime.build_state(environment)
     except runtime.SetupError as exc:

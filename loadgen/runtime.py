@@ -27,6 +27,15 @@ FLUSH_MESSAGE = "loadgen_flush"
 LONG_CONTEXT_FILL = 0.9  # long-context prompts take this share of what max_model_len leaves
 
 
+_DATASETS: dict[str, list] = {}  # path -> entries: ShareGPT files run to hundreds of MB, read them once
+
+
+def _dataset(path: str) -> list:
+    if path not in _DATASETS:
+        _DATASETS[path] = load_sharegpt(path)
+    return _DATASETS[path]
+
+
 class SetupError(Exception):
     """The run cannot start: the message is the one line the user sees."""
 
@@ -40,7 +49,7 @@ class LoadgenState:
         self.model: str | None = config.model
         self.max_model_len: int | None = config.max_model_len
         self.calibration = Calibration()
-        self.dataset = load_sharegpt(config.dataset) if config.dataset else None
+        self.dataset = _dataset(config.dataset) if config.dataset else None
         self.log = ClientLog(config.client_log, config.client_log_format) if config.client_log else None
         self.rng = random.Random(config.seed)
         self.schedule = ArrivalSchedule(config.rate, random.Random(self.rng.random()), share=self._rate_share)

@@ -93,3 +93,10 @@ def test_abort_closes_after_n_chunks_and_is_not_a_failure(mock_server, tmp_path)
     assert record.num_chunks == 2
     assert events[0]["exception"] is None
     assert '"event": "request.aborted"' in (tmp_path / "client.log").read_text()
+
+
+def test_without_usage_output_tokens_are_counted_from_chunks(mock_server):
+    server = mock_server(ttft_s=0.01, itl_s=0.005, faults=("nousage",))
+    record, _, _ = send(server.port)
+    assert record.outcome is Outcome.OK
+    assert (record.output_tokens, record.output_tokens_source, record.prompt_tokens) == (6, TokenSource.CHUNKS, None)

@@ -31,6 +31,11 @@ SIGNATURES: tuple[Signature, ...] = (
     sig("driver.mismatch", "cudaErrorInsufficientDriver", cause="driver-too-old"),
     sig("driver.mismatch", "Found no NVIDIA driver on your system", cause="driver-not-loaded"),
     sig("driver.mismatch", "is not compatible with the current PyTorch installation", cause="arch-mismatch"),
+    sig("driver.mismatch", "CUDA driver initialization failed", cause="driver-not-loaded"),
+    sig("driver.mismatch", "PTX was compiled with an unsupported toolchain", cause="driver-too-old"),
+    sig("driver.mismatch", "cannot open shared object file",
+        r"lib(?:cuda|cudart|nvidia-ml|cublas|cudnn|nccl)[\w.-]*\.so[\w.]*: cannot open shared object file",
+        cause="cuda-library-missing"),
     # --- KV capacity at start-up (vLLM v1, v0, this engine, TGI, llama.cpp) ---
     sig("oom.kv_capacity", "To serve at least one request with the model",
         r"max seq len \((?P<max_model_len>\d+)\), \(?(?P<needed>[\d.]+) GiB KV cache is needed.*?"
@@ -44,9 +49,12 @@ SIGNATURES: tuple[Signature, ...] = (
     sig("oom.kv_capacity", "on startup is less than desired GPU memory utilization", cause="gpu-occupied"),
     sig("oom.kv_capacity", "failed to allocate buffer for kv cache", cause="no-kv-memory"),
     sig("oom.kv_capacity", "llama_init_from_model: failed to initialize the context", cause="no-kv-memory"),
+    sig("oom.kv_capacity", "Please try to increase --mem-fraction-static", cause="no-kv-memory"),
+    sig("oom.kv_capacity", "Not enough memory. Please try to increase", cause="no-kv-memory"),
     # --- weights larger than memory (Ollama, llama.cpp) ---
     sig("oom.weights", "model requires more system memory", cause="host-memory"),
     sig("oom.weights", "cudaMalloc failed: out of memory", r"allocating (?P<tried>[\d.]+ MiB)"),
+    sig("oom.weights", "unable to allocate", r"unable to allocate (?:\w+ )?(?:backend )?buffer"),
     # --- CUDA / PyTorch allocator OOM, every era ---
     sig("oom.cuda", "out of memory",
         r"(?:CUDA|HIP|MPS) out of memory\. Tried to allocate (?P<tried>[\d.]+ [KMGT]iB)"
@@ -76,6 +84,7 @@ SIGNATURES: tuple[Signature, ...] = (
     sig("engine.fatal", "Stub process is unhealthy"),
     sig("engine.fatal", "illegal memory access was encountered"),
     sig("engine.fatal", "device-side assert triggered"),
+    sig("engine.fatal", "unspecified launch failure"),
     sig("engine.fatal", "Segmentation fault"),
     sig("engine.fatal", "Fatal Python error"),
     sig("engine.fatal", "GGML_ASSERT"),

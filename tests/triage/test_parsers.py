@@ -152,3 +152,22 @@ def test_docker_json_wrapped_line():
             'client: 1.2.3.4\\n","stream":"stderr","time":"2024-05-01T12:00:00.1Z"}')
     [ev] = parse(line)
     assert ev.kind == "gateway.connect_refused" and ev.text == line
+
+
+@pytest.mark.parametrize("line, kind, cause", [
+    ("ImportError: libcudart.so.12: cannot open shared object file: No such file or directory", "driver.mismatch",
+     "cuda-library-missing"),
+    ("RuntimeError: CUDA error: no kernel image is available for execution on the device", "driver.mismatch",
+     "arch-mismatch"),
+    ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", "oom.kv_capacity",
+     "no-kv-memory"),
+    ("ValueError: Free memory on device cuda:0 (12.18/23.56 GiB) on startup is less than desired GPU memory "
+     "utilization (0.92, 21.67 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+     "oom.kv_capacity", "gpu-occupied"),
+    ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+     "initializing the engine.", "oom.kv_capacity", "no-kv-memory"),
+    ("llama_model_load: error loading model: unable to allocate CUDA0 buffer", "oom.weights", None),
+])
+def test_signatures_with_cause(line, kind, cause):
+    found = dict(scan(line))
+    assert kind in found and found[kind].get("cause") == cause

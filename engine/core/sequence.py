@@ -42,7 +42,6 @@ class Request:
     read_offset: int = 0
     output_text: str = ""
     num_text_sent: int = 0  # characters of output_text already handed out
-    num_tokens_sent: int = 0  # output tokens already handed out
     stats: RequestStats | None = None
     generator: object | None = None  # torch.Generator of a seeded request, made at first sampling
 

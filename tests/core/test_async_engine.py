@@ -147,3 +147,19 @@ def test_queue_full_and_prompt_too_long_are_raised_to_the_caller(make_async):
         return out
 
     assert asyncio.run(main()).request_id == "a"
+
+
+def test_shutdown_aborts_requests_in_flight(make_async):
+    engine = make_async()
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+
+    async def main():
+        stream = engine.generate("a", PROMPTS[0], params)
+        first = await stream.__anext__()
+        await asyncio.to_thread(engine.shutdown)
+        return first, [out async for out in stream]
+
+    first, rest = asyncio.run(main())
+    assert not first.finished
+    assert rest[-1].finished and rest[-1].finish_reason is FinishReason.ABORT
+    assert engine.engine.kv.num_used_blocks == 0 and not engine.is_running

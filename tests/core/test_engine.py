@@ -152,3 +152,29 @@ def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(make_engine):
     top1 = SamplingParams(max_tokens=10, temperature=0.9, top_k=1, top_p=0.5, ignore_eos=True)
     greedy = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     assert generate(make_engine(), prompts(2), top1) == generate(make_engine(), prompts(2), greedy)
+
+
+def test_chunked_prefill_gives_the_same_tokens_as_one_prefill(make_engine):
+    prompt = prompts(1, length=19)[0]
+    whole = generate(make_engine(), [prompt])
+    engine = make_engine(max_num_batched_tokens=8)
+    engine.add_request("r0", prompt, GREEDY)
+    computed = []
+    tokens = []
+    while engine.has_unfinished_requests():
+        step = engine.step()
+        computed.append(step.stats.num_prompt_tokens_computed)
+        tokens += [t for o in step.outputs for t in o.new_token_ids]
+    assert computed[:4] == [8, 8, 3, 0]
+    assert tokens == whole["r0"]
+
+
+def test_step_delay_fault_sleeps_inside_every_step(make_engine, monkeypatch):
+    from engine.core import faults
+
+    slept = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    engine = make_engine(faults=faults.FaultConfig(step_delay_s=0.25))
+    engine.add_request("a", prompts(1)[0], SamplingParams(max_tokens=3, temperature=0.0))
+    run_to_completion(engine)
+    assert slept == [0.25, 0.25, 0.25]

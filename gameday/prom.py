@@ -96,7 +96,7 @@ class PromClient:
         return self._get("/api/v1/query", {"query": expr})["result"]
 
     def query_range(self, expr: str, start: float, end: float, step_s: float = 1.0) -> list[dict]:
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s}s"}
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}s"}
         return self._get("/api/v1/query_range", params)["result"]
 
     def rule_groups(self) -> list[dict]:

@@ -70,7 +70,8 @@ def _bring_up(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) ->
     else:
         code = wait_engine_exit(stack.engines[0])
         log.add(start_ts, f"engine-0 refused to start, exit code {code}")
-    start_gateway_and_prometheus(stack, scenario.proxy_read_timeout_s, scenario.proxy_buffering)
+    start_gateway_and_prometheus(stack, scenario.proxy_read_timeout_s, scenario.proxy_buffering,
+                                 fake_gpu=scenario.probe_dashboards)
     log.add(start_ts, f"nginx on {stack.gateway_url}, Prometheus on {stack.prom_url}")
     if stack.prom is not None and scenario.engine_starts:
         stack.prom.wait_scraped("llm-engine", scenario.num_replicas)

@@ -98,19 +98,21 @@ def wait_engine_exit(proc: Proc, timeout_s: float = ENGINE_READY_TIMEOUT_S) -> i
     return proc.returncode if proc.returncode is not None else 0
 
 
-def start_exporter(stack: Stack) -> str | None:
-    """The GPU exporter (no GPU here: it serves llm_gpu_nvml_up 0); None if not installed."""
+def start_exporter(stack: Stack, fake_gpu: bool) -> str | None:
+    """The GPU exporter: on this machine's real NVML (no GPU: llm_gpu_nvml_up 0), or with fake_gpu
+    over the tests' fake NVML (gameday.fake_gpu); None if the exporter is not installed."""
     if importlib.util.find_spec("exporters.cli") is None:
         return None
     port = free_port()
-    argv = [*python_entry("exporters.cli"), "--host", "127.0.0.1", "--port", str(port)]
+    module = "gameday.fake_gpu" if fake_gpu else "exporters.cli"
+    argv = [*python_entry(module), "--host", "127.0.0.1", "--port", str(port)]
     proc = stack.sup.start(ProcSpec(name="gpu-exporter", argv=argv, env=child_env(), cwd=REPO_ROOT,
                                     log_path=stack.report_dir / "procs" / "gpu-exporter.log"))
     wait_http_ok(f"http://127.0.0.1:{port}/metrics", proc, 30.0)
     return f"127.0.0.1:{port}"
 
 
-def start_gateway_and_prometheus(stack: Stack, read_timeout_s: float, buffering: bool) -> None:
+def start_gateway_and_prometheus(stack: Stack, read_timeout_s: float, buffering: bool, fake_gpu: bool) -> None:
     """nginx in front of the engines, then Prometheus over the engines, exporter and drill rules."""
     assert stack.workdir is not None
     work = Path(stack.workdir.name)
@@ -119,7 +121,7 @@ def start_gateway_and_prometheus(stack: Stack, read_timeout_s: float, buffering:
                        proxy_read_timeout_s=read_timeout_s, proxy_buffering=buffering)
     start_gateway(stack.sup, gw, work / "nginx", stack.logs_dir / "nginx")
     rules = drill.write_drill_copies(drill.shipped_rule_files(REPO_ROOT), stack.report_dir / "drill-rules")
-    exporter = start_exporter(stack)
+    exporter = start_exporter(stack, fake_gpu)
     cfg = PromConfig(listen_port=free_port(), engine_targets=stack.engine_addrs,
                      exporter_targets=[exporter] if exporter else [], rule_files=rules)
     _, stack.prom = start_prometheus(stack.sup, cfg, work / "tsdb", stack.report_dir / "prometheus")

@@ -134,6 +134,9 @@ def _add_error_schema(app: FastAPI) -> None:
                                                "param": nullable_str, "type": {"type": "string"}}}
             schemas["ErrorResponse"] = {"type": "object", "required": ["error"],
                                         "properties": {"error": {"$ref": "#/components/schemas/Error"}}}
+            for operations in schema.get("paths", {}).values():
+                for operation in operations.values():
+                    operation.get("responses", {}).pop("422", None)  # validation errors are 400 here
             app.openapi_schema = schema
         return app.openapi_schema
 

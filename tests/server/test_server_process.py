@@ -80,15 +80,27 @@ def test_sigterm_drains_running_streams_then_exits_zero():
     assert [r["reason"] for r in logs if r["event"] == "request.aborted"] == ["drain"]
 
 
-def test_injected_crash_logs_fatal_error_and_exits_non_zero():
-    proc, url = _spawn("--fault-crash-after-requests", "1")
-    try:
-        httpx.post(url + "/v1/completions", json={"model": "builtin", "prompt": "bye", "max_tokens": 2}, timeout=30)
-        code = proc.wait(timeout=30)
-    finally:
-        proc.kill()
-    assert code == 1
-    logs = [json.loads(line) for line in proc.stdout.read().splitlines()]
+def test_injected_crash_logs_fatal_error_and_exits_non_zero(tmp_path):
+    """The command's own run() in a thread (main() only adds sys.exit): its exit code is 1."""
+    log_file, port, result = tmp_path / "llmserve.log", _free_port(), {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", run(
+        ["--port", str(port), "--fault-crash-after-requests", "1", "--log-file", str(log_file)])))
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while not log_file.exists() or "engine.startup" not in log_file.read_text():
+        assert time.monotonic() < deadline and thread.is_alive(), "llmserve never started"
+        time.sleep(0.05)
+    while True:
+        try:
+            response = httpx.post(url + "/v1/completions", json={"model": "builtin", "prompt": "bye", "max_tokens": 2})
+            break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    assert response.status_code == 200
+    thread.join(timeout=60)
+    assert result["code"] == 1
+    logs = [json.loads(line) for line in log_file.read_text().splitlines()]
     (error,) = [r for r in logs if r["event"] == "engine.error"]
     assert error["fatal"] is True and error["exc_type"] == "FatalEngineError" and error["phase"] == "step"
     assert [r["reason"] for r in logs if r["event"] == "engine.shutdown"] == ["fatal"]

@@ -117,6 +117,31 @@ def make_report(
     )
 
 
+def plan(config, loaded, max_model_len: int, dtype: torch.dtype, device: torch.device) -> CapacityReport:
+    """The engine's KV budget for a loaded model: blocks, the fit check, the start-up report."""
+    kv_bytes_per_token = loaded.model_config.kv_bytes_per_token(dtype.itemsize)
+    on_cuda = device.type == "cuda"
+    from_device = on_cuda and config.num_kv_blocks is None and config.kv_cache_memory is None
+    budget = kv_budget(
+        block_bytes=kv_bytes_per_token * config.block_size,
+        num_kv_blocks=config.num_kv_blocks,
+        kv_cache_memory=config.kv_cache_memory,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        device_total_bytes=torch.cuda.get_device_properties(device).total_memory if on_cuda else None,
+        weights_bytes=loaded.weights_bytes,
+        activation_peak_bytes=measure_activation_peak(loaded, config, device) if from_device else 0,
+    )
+    check_fits(
+        max_model_len=max_model_len, block_size=config.block_size, num_blocks=budget.num_blocks,
+        kv_bytes_per_token=kv_bytes_per_token, kv_cache_bytes=budget.kv_cache_bytes,
+    )
+    return make_report(
+        kv_bytes_per_token=kv_bytes_per_token, block_size=config.block_size, num_blocks=budget.num_blocks,
+        max_model_len=max_model_len, weights_bytes=loaded.weights_bytes,
+        dtype=str(dtype).removeprefix("torch."), device=str(device),
+    )
+
+
 def measure_activation_peak(loaded, config, device) -> int:
     """CUDA only: peak bytes of one prefill forward of max_num_batched_tokens, beyond weights and KV."""
     from engine.core.runner import allocate_kv_caches

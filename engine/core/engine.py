@@ -5,8 +5,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from engine import errors
 from engine.core import capacity
 from engine.core.block_manager import KVCacheManager
@@ -56,7 +54,7 @@ class LLMEngine:
         self.max_model_len = _max_model_len(config, loaded.model_config.max_position_embeddings)
         device = next(loaded.model.parameters()).device
         dtype = next(loaded.model.parameters()).dtype
-        self.capacity = _plan_capacity(config, loaded, self.max_model_len, dtype, device)
+        self.capacity = capacity.plan(config, loaded, self.max_model_len, dtype, device)
         self.kv = KVCacheManager(self.capacity.num_blocks, config.block_size, config.enable_prefix_caching)
         kv_caches = allocate_kv_caches(loaded.model_config, self.capacity.num_blocks, config.block_size, dtype, device)
         self.runner = ModelRunner(loaded.model, kv_caches, self.kv, device)
@@ -297,27 +295,3 @@ def _max_model_len(config: EngineConfig, model_limit: int) -> int:
             f"max_model_len (max_position_embeddings={model_limit} in model's config.json)."
         )
     return config.max_model_len
-
-
-def _plan_capacity(config, loaded, max_model_len: int, dtype: torch.dtype, device: torch.device):
-    kv_bytes_per_token = loaded.model_config.kv_bytes_per_token(dtype.itemsize)
-    on_cuda = device.type == "cuda"
-    from_device = on_cuda and config.num_kv_blocks is None and config.kv_cache_memory is None
-    budget = capacity.kv_budget(
-        block_bytes=kv_bytes_per_token * config.block_size,
-        num_kv_blocks=config.num_kv_blocks,
-        kv_cache_memory=config.kv_cache_memory,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        device_total_bytes=torch.cuda.get_device_properties(device).total_memory if on_cuda else None,
-        weights_bytes=loaded.weights_bytes,
-        activation_peak_bytes=capacity.measure_activation_peak(loaded, config, device) if from_device else 0,
-    )
-    capacity.check_fits(
-        max_model_len=max_model_len, block_size=config.block_size, num_blocks=budget.num_blocks,
-        kv_bytes_per_token=kv_bytes_per_token, kv_cache_bytes=budget.kv_cache_bytes,
-    )
-    return capacity.make_report(
-        kv_bytes_per_token=kv_bytes_per_token, block_size=config.block_size, num_blocks=budget.num_blocks,
-        max_model_len=max_model_len, weights_bytes=loaded.weights_bytes,
-        dtype=str(dtype).removeprefix("torch."), device=str(device),
-    )

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MAX_LINE_BYTES = 1 << 20  # longer lines are cut here (a single-huge-line file keeps memory flat)
+MAX_LINE_BYTES = 1 << 20  # longer lines are cut here (characters once decoded) (a single-huge-line file keeps memory flat)
 SNIFF_BYTES = 8192
 
 
@@ -94,43 +94,43 @@ def read_lines(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
 
 
 def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
+    """Decoding in C through TextIOWrapper; undecodable bytes become U+FFFD and are noted once."""
+    text = io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="")
+    readline = text.readline
     lineno = 0
     bad_encoding = cut = False
-    readline = handle.readline
     while True:
         try:
-            raw = readline(MAX_LINE_BYTES)
+            line = readline(MAX_LINE_BYTES)
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
             notes.add(f"{path}: truncated or corrupt after line {lineno} ({exc or 'unexpected end'})")
-            return
-        if not raw:
+            break
+        if not line:
             break
         lineno += 1
-        if len(raw) >= MAX_LINE_BYTES and not raw.endswith(b"\n"):
+        if len(line) >= MAX_LINE_BYTES and not line.endswith("\n"):
             cut = True
-            _skip_rest_of_line(handle)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
+            _skip_rest_of_line(readline)
+        if "\ufffd" in line:
             bad_encoding = True
-            text = raw.decode("latin-1")
-        yield lineno, text.rstrip("\r\n")
+        yield lineno, line.rstrip("\r\n")
+    text.detach()
     notes.num_lines_read += lineno
     if bad_encoding:
-        notes.add(f"{path}: not valid UTF-8; undecodable lines read as Latin-1")
+        notes.add(f"{path}: not valid UTF-8; undecodable bytes replaced")
     if cut:
-        notes.add(f"{path}: lines longer than {MAX_LINE_BYTES} bytes were cut")
+        notes.add(f"{path}: lines longer than {MAX_LINE_BYTES} characters were cut")
     if lineno == 0:
         notes.add(f"{path}: empty")
 
 
-def _skip_rest_of_line(handle) -> None:
+def _skip_rest_of_line(readline) -> None:
     while True:
         try:
-            chunk = handle.readline(MAX_LINE_BYTES)
+            chunk = readline(MAX_LINE_BYTES)
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
             return
-        if not chunk or chunk.endswith(b"\n"):
+        if not chunk or chunk.endswith("\n"):
             return
 
 

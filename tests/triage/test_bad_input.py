@@ -69,7 +69,7 @@ def test_binary_empty_truncated_gzip_latin1_huge(tmp_path, run_cli):
     assert any("core.bin: binary content, skipped" in n for n in notes)
     assert any("empty.log: empty" in n for n in notes)
     assert any("cut.log.gz: truncated or corrupt" in n for n in notes)
-    assert any("latin1.log: not valid UTF-8" in n for n in notes)
+    assert any("latin1.log: not valid UTF-8; undecodable bytes replaced" in n for n in notes)
     assert any("huge.log: lines longer than" in n for n in notes)
     assert all(n.startswith("llmtriage: ") for n in notes)
 

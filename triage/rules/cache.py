@@ -6,14 +6,25 @@ from triage.model import Confidence, Event, Finding
 from triage.rules import Candidate, Facts, Rule, request_ids_of
 from triage.rules import cache_text as T
 
-MAX_KEYS = 50_000
-MAX_SAMPLE_KEYS = 1000
+MAX_KEYS = 20_000  # bounded memory: when full, keys seen only once are dropped
+MAX_SAMPLE_KEYS = 200
 LOW_HIT_RATE = 0.3
 PROMPT_KEY_CHARS = 100  # prompts whose first 100 characters agree once ids and times are masked share a prefix
 _DYNAMIC = re.compile(
     r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?Z?|\d\d:\d\d:\d\d|"
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\b[0-9a-f]{12,}\b|\b\d{6,}\b|"
     r"(?:user|session|request|req|trace)[_ -]?id\s*[:=]\s*\S+", re.I)
+
+
+def _prune(table: dict) -> bool:
+    """Keeps the most repeated half (a random prompt's blocks are seen once); amortised O(1) per insert."""
+    def weight(item) -> int:
+        return sum(item[1].values()) if isinstance(item[1], dict) else item[1]
+
+    keep = sorted(table.items(), key=weight, reverse=True)[: MAX_KEYS // 2]
+    table.clear()
+    table.update(keep)
+    return True
 
 
 class CacheRule(Rule):
@@ -78,25 +89,34 @@ class CacheRule(Rule):
         if not isinstance(fp, list) or len(fp) < 2:
             return
         self.num_multi_block += 1
+        key2 = (fp[0], fp[1])
+        if key2 in self.prefix_keys or len(self.prefix_keys) < MAX_KEYS or _prune(self.prefix_keys):
+            self.prefix_keys[key2] = self.prefix_keys.get(key2, 0) + 1
         # Block j shared with other requests while the blocks before it differ: something early in the
         # prompt changes per request (block hashes are per block, so a shared later block survives).
+        table = self.later_to_prefixes
         for j in range(1, len(fp)):
             key = (j, fp[j])
-            prefixes = self.later_to_prefixes.get(key)
+            prefixes = table.get(key)
             if prefixes is None:
-                if len(self.later_to_prefixes) >= MAX_KEYS:
+                if len(table) >= MAX_KEYS and not _prune(table):
                     continue
-                prefixes = self.later_to_prefixes[key] = {}
+                prefixes = table[key] = {}
             head = tuple(fp[:j])
             if head not in prefixes and len(prefixes) >= 64:
                 continue
             prefixes[head] = prefixes.get(head, 0) + 1
-            sample = self.samples.get(key)
-            if sample is None and len(self.samples) < MAX_SAMPLE_KEYS:
-                sample = self.samples[key] = []
-            if sample is not None and len(sample) < 6 and all(
-                    tuple(s.fields["prefix_fingerprint"][:j]) != head for s in sample):
-                sample.append(ev)
+            if len(prefixes) >= 2:
+                self._sample(key, head, ev)
+
+    def _sample(self, key: tuple, head: tuple, ev: Event) -> None:
+        sample = self.samples.get(key)
+        if sample is None:
+            if len(self.samples) >= MAX_SAMPLE_KEYS:
+                return
+            sample = self.samples[key] = []
+        if len(sample) < 6 and all(tuple(s.fields["prefix_fingerprint"][:len(head)]) != head for s in sample):
+            sample.append(ev)
 
     def _stats(self, ev: Event) -> None:
         f = ev.fields

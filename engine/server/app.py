@@ -1,5 +1,6 @@
 """The FastAPI app: routes, the exception handlers that call the one mapping, auth, lifespan."""
 
+import traceback
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -41,8 +42,6 @@ def _error_response(request: Request, exc: BaseException) -> JSONResponse:
 
 
 def _tb(exc: BaseException) -> str:
-    import traceback
-
     return "".join(traceback.format_exception(exc))
 
 

@@ -88,10 +88,3 @@ def _with_reason(exc: APIError, reason: str) -> APIError:
     exc.reject_reason = reason
     return exc
 
-
-def error_event(exc: BaseException) -> dict:
-    """The body of a mid-stream error event (the same shape, plus the status it would have had)."""
-    mapped = map_exception(exc)
-    body = dict(mapped.body)
-    body["error"] = {**body["error"]}
-    return body

@@ -11,7 +11,7 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = False
 
 
-class _SamplingFields(BaseModel):
+class SamplingFields(BaseModel):
     """Fields shared by both endpoints; vLLM's extras ignore_eos and top_k included."""
 
     model_config = ConfigDict(extra="ignore")
@@ -46,12 +46,12 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[
         list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
     echo: bool | None = False

@@ -58,7 +58,7 @@ GREEDY_EPS = 1e-5
 MIN_TOP_P = 1e-6
 
 
-def _sampling(body: p._SamplingFields, default_max: int) -> SamplingParams:
+def _sampling(body: p.SamplingFields, default_max: int) -> SamplingParams:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     temperature = 1.0 if body.temperature is None else body.temperature
     params = SamplingParams(

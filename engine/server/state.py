@@ -1,12 +1,17 @@
 """Server state shared by the routes: the engine, the sinks, live requests, readiness and draining."""
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.obs.events import RequestEventSink
 from engine.obs.logs import EventLogger
 from engine.obs.metrics import PrometheusSink
 from engine.obs.tracing import RequestTracer
+
+if TYPE_CHECKING:
+    from engine.core.async_engine import AsyncEngine
 
 MiB = 1 << 20
 
@@ -42,7 +47,7 @@ class LiveRequest:
 
 @dataclass(slots=True)
 class ServerState:
-    engine: object  # engine.core.async_engine.AsyncEngine
+    engine: "AsyncEngine"
     config: ServerConfig
     log: EventLogger
     metrics: PrometheusSink | None = None
@@ -55,7 +60,7 @@ class ServerState:
     num_drained: int = 0
     num_drain_aborted: int = 0
     fatal: bool = False
-    on_fatal: object | None = None  # set by the runner: called (any thread) when the engine dies
+    on_fatal: Callable[[], None] | None = None  # set by the runner; called (any thread) when the engine dies
 
     @property
     def llm(self):

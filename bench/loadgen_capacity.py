@@ -14,6 +14,7 @@ within 5 ms of that baseline. Last line: one JSON object.
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -58,7 +59,10 @@ def run_level(port: int, users: int, duration_s: int, num_tokens: int, report_di
            "--host", f"http://127.0.0.1:{port}", "-u", str(users), "-r", str(users), "-t", f"{duration_s}s",
            "--stop-timeout", "10", "--prompt-tokens", "16", "--output-tokens", str(num_tokens),
            "--report-dir", str(report_dir)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=duration_s + 120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"locust exited {proc.returncode}: {proc.stderr[-500:]}")
     summary = json.loads((report_dir / "loadgen_summary.json").read_text())
@@ -66,7 +70,7 @@ def run_level(port: int, users: int, duration_s: int, num_tokens: int, report_di
     return {"users": users, "requests": summary["num_succeeded"], "failed": summary["num_failed"],
             "ttft_p50_ms": summary["ttft_s"]["p50"] * 1000, "ttft_p90_ms": summary["ttft_s"]["p90"] * 1000,
             "itl_p50_ms": summary["itl_s"]["p50"] * 1000,
-            "server_lag_p50_ms": statistics.median(lags) * 1000 if lags else 0.0}
+            "server_lag_p50_ms": statistics.median(lags) * 1000 if lags else 0.0, "locust_cpu_s": cpu_s}
 
 
 def main() -> int:
@@ -104,7 +108,15 @@ def main() -> int:
     finally:
         mock.terminate()
         mock.wait(10)
-    print(json.dumps({"max_streams_per_process": best, "target": TARGET, "meets_target": best >= TARGET,
+    # CPU the Locust process spends per request beyond its fixed start-up and report cost; on a
+    # dedicated core that bounds the streams one process can carry (an estimate, labelled so).
+    first, last = results[0], results[-1]
+    cpu_ms = (1000 * (last["locust_cpu_s"] - first["locust_cpu_s"]) / (last["requests"] - first["requests"])
+              if last["requests"] > first["requests"] else None)
+    stream_rps = 1000 / (args.ttft_ms + (args.output_tokens - 1) * args.itl_ms)
+    print(json.dumps({"max_streams_per_process": best,
+                      "cpu_ms_per_request": cpu_ms,
+                      "est_streams_per_dedicated_core": int(1000 / (cpu_ms * stream_rps)) if cpu_ms else None, "target": TARGET, "meets_target": best >= TARGET,
                       "baseline_client_drift_ms": baseline, "max_streams_within_5ms_of_baseline": best_vs_baseline,
                       "injected_ttft_ms": args.ttft_ms, "injected_itl_ms": args.itl_ms,
                       "output_tokens": args.output_tokens, "max_drift_ms": MAX_DRIFT_MS, "cpu_count": os.cpu_count(),

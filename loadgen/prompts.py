@@ -138,6 +138,7 @@ class PromptSettings:
     num_turns: int
     dataset: list[DatasetEntry] | None = None
     default_output_tokens: int = 128
+    prefix_text: str = ""  # shared-prefix / dynamic-prefix: fixed once per process, the same in every process
 
 
 class PromptFactory:
@@ -149,7 +150,6 @@ class PromptFactory:
         self.rng = rng
         self.user_tag = uuid.UUID(int=rng.getrandbits(128)).hex[:8]
         self.conversation = Conversation()
-        self._prefix_cache: tuple[int, str] | None = None
 
     def next_prompt(self) -> Prompt:
         profile = self.settings.profile
@@ -162,19 +162,13 @@ class PromptFactory:
         # A random word first: no two prompts share a cacheable prefix unless the profile wants one.
         user = make_words(self.rng, num_words)
         if profile in ("shared-prefix", "dynamic-prefix"):
-            prefix_words, prefix = self._prefix()
+            prefix = self.settings.prefix_text or shared_prefix_text(self.calibration.words_for(self.settings.prefix_tokens))
             if profile == "dynamic-prefix":  # the anti-pattern: something unique before the shared text
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
                 prefix = f"[{stamp}.{time.time_ns() % 10**9:09d}] user-{self.user_tag}. {prefix}"
             messages = [{"role": "system", "content": prefix}, {"role": "user", "content": user}]
             return Prompt(messages, self._max_tokens(None), 0)
         return Prompt([{"role": "user", "content": user}], self._max_tokens(None), num_words)
-
-    def _prefix(self) -> tuple[int, str]:
-        num_words = self.calibration.words_for(self.settings.prefix_tokens)
-        if self._prefix_cache is None:  # fixed once: a drifting calibration must not change the prefix
-            self._prefix_cache = (num_words, shared_prefix_text(num_words))
-        return self._prefix_cache
 
     def _max_tokens(self, entry: DatasetEntry | None) -> int:
         if self.settings.output_tokens is not None:

@@ -16,7 +16,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from loadgen.clientlog import ClientLog, ClientLogError
 from loadgen.options import ConfigError, LoadgenConfig, config_from_options
 from loadgen.profiles import ArrivalSchedule
-from loadgen.prompts import Calibration, DatasetError, PromptSettings, load_sharegpt
+from loadgen.prompts import Calibration, DatasetError, PromptSettings, load_sharegpt, shared_prefix_text
 from loadgen.records import RequestRecord
 from loadgen.report import ReportError, RunInfo, write_report
 from loadgen.server_info import ServerInfoError, discover_max_model_len, list_models, probe_tokens_per_word
@@ -49,6 +49,7 @@ class LoadgenState:
         self.model: str | None = config.model
         self.max_model_len: int | None = config.max_model_len
         self.calibration = Calibration()
+        self.prefix_text: str | None = None
         self.dataset = _dataset(config.dataset) if config.dataset else None
         self.log = ClientLog(config.client_log, config.client_log_format) if config.client_log else None
         self.rng = random.Random(config.seed)
@@ -99,8 +100,11 @@ class LoadgenState:
                 raise SetupError(f"long-context: --output-tokens {output_tokens} leaves no room in "
                                  f"max_model_len {self.max_model_len}")
             prompt_tokens = max(1, int((self.max_model_len - output_tokens) * LONG_CONTEXT_FILL))
+        if self.prefix_text is None:  # after the probe, so every process derives the same words
+            self.prefix_text = shared_prefix_text(self.calibration.words_for(cfg.prefix_tokens))
         return PromptSettings(profile=cfg.profile, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                              prefix_tokens=cfg.prefix_tokens, num_turns=cfg.num_turns, dataset=self.dataset)
+                              prefix_tokens=cfg.prefix_tokens, num_turns=cfg.num_turns, dataset=self.dataset,
+                              prefix_text=self.prefix_text)
 
     def add(self, record: RequestRecord) -> None:
         self.records.append(record)
@@ -112,7 +116,7 @@ class LoadgenState:
     def take_unsent(self, final: bool = False) -> dict:
         batch, self.unsent = self.unsent, []
         return {"records": [r.to_dict() for r in batch], "model": self.model, "final": final,
-                "tokens_per_word": self.calibration.tokens_per_word}
+                "tokens_per_word": self.calibration.tokens_per_word, "prefix_text": self.prefix_text}
 
     def merge(self, data: dict) -> None:
         records = data.get("records") or []
@@ -120,6 +124,7 @@ class LoadgenState:
         self.model = self.model or data.get("model")
         if data.get("tokens_per_word"):
             self.calibration.tokens_per_word = data["tokens_per_word"]
+        self.prefix_text = self.prefix_text or data.get("prefix_text")
         self._dirty = self._dirty or bool(records)
 
     def reset(self) -> None:
@@ -132,7 +137,9 @@ class LoadgenState:
         self._dirty, self._written = False, True
         shared = None
         if self.config.profile == "shared-prefix":
-            shared = self.calibration.words_for(self.config.prefix_tokens) * self.calibration.tokens_per_word
+            words = len((self.prefix_text or shared_prefix_text(self.calibration.words_for(
+                self.config.prefix_tokens))).split())
+            shared = words * self.calibration.tokens_per_word
         info = RunInfo(profile=self.config.profile, endpoint=self.config.endpoint, host=host, model=self.model,
                        slo=self.config.slo.as_dict(), block_size=self.config.block_size,
                        shared_prefix_tokens=shared)

@@ -43,16 +43,22 @@ def finding_disabled(rule, cand) -> Finding | None:
         "scratch, however much it shares with the ones before." + _rate_text(rule), STEPS["disabled"])
 
 
-def _dynamic_count(rule) -> tuple[int, list]:
-    """Requests sharing a later block with others whose earlier blocks differ, at the best position."""
-    by_position: dict[int, tuple[int, list]] = {}
+def _dynamic_count(rule) -> tuple[int, list, int]:
+    """At the best block position: requests that share that block with others but not the blocks before
+    it (all but the most common variant), their keys, and all requests sharing a block there."""
+    by_position: dict[int, list] = {}
     for key, prefixes in rule.later_to_prefixes.items():
+        total = sum(prefixes.values())
+        if total < 2:
+            continue
+        entry = by_position.setdefault(key[0], [0, [], 0])
+        entry[2] += total
         if len(prefixes) >= 2:
-            count, keys = by_position.get(key[0], (0, []))
-            by_position[key[0]] = (count + sum(prefixes.values()), keys + [key])
+            entry[0] += total - max(prefixes.values())  # all but the most common variant missed
+            entry[1].append(key)
     if not by_position:
-        return 0, []
-    return max(by_position.values(), key=lambda item: item[0])
+        return 0, [], 0
+    return tuple(max(by_position.values(), key=lambda e: e[0]))  # type: ignore[return-value]
 
 
 def _first_difference(rule, keys: list) -> str:
@@ -67,14 +73,14 @@ def _first_difference(rule, keys: list) -> str:
 
 
 def finding_dynamic_prefix(rule, cand) -> Finding | None:
-    count, keys = _dynamic_count(rule)
+    count, keys, shared = _dynamic_count(rule)
     detail = ""
-    if count >= 4 and count >= 0.1 * rule.num_multi_block:
+    if count >= 4 and count >= 0.2 * shared:
         for key in keys[:3]:
             for ev in rule.samples.get(key, []):
                 cand.add(ev, "fingerprint.first_block_differs", True, rule.ids(ev))
-        detail = (f" {count} of {rule.num_multi_block} requests share a later prompt block with others but "
-                  f"differ before it{_first_difference(rule, keys)}.")
+        detail = (f" {count} of the {shared} requests that share a later prompt block with others differ "
+                  f"from them before it{_first_difference(rule, keys)}.")
     for variants in rule.text_prefixes.values():
         if len(variants) >= 2:
             for ev in variants.values():

@@ -1,0 +1,90 @@
+"""Rules on hand-made events: bounded memory, load-stop disconnects, backlog vs slow steps, ranking."""
+
+from datetime import datetime, timedelta
+
+from triage.diagnose import Dispatcher
+from triage.model import Confidence, Event
+from triage.rules import all_rules, cache
+from triage.rules.cache import CacheRule
+
+MAX_KEYS = 300  # the bound under test, small so the test is quick
+
+T0 = datetime(2026, 11, 29, 19, 40)
+
+
+def event(kind: str, t: float = 0.0, source: str = "engine-json", **fields) -> Event:
+    return Event(T0 + timedelta(seconds=t), source, kind, fields, "f.log", 1, kind)
+
+
+def run(events: list[Event]) -> list:
+    d = Dispatcher(all_rules(), None, None)
+    for ev in events:
+        d.feed(ev)
+    findings = [f for rule in d.rules for f in rule.findings(d.facts)]
+    return sorted(findings, key=lambda f: f.rank_key())
+
+
+def test_cache_tables_stay_bounded(monkeypatch):
+    monkeypatch.setattr(cache, "MAX_KEYS", MAX_KEYS)
+    rule = CacheRule()
+    for i in range(3 * MAX_KEYS):
+        fp = [f"{i:08x}", f"{i + 1:08x}", f"{i + 2:08x}", f"{i + 3:08x}"]
+        rule.observe(event("request.finished", prompt_tokens=64, cached_tokens=0, prefix_fingerprint=fp))
+    assert len(rule.later_to_prefixes) <= MAX_KEYS and len(rule.prefix_keys) <= MAX_KEYS
+
+
+def test_repeated_prefix_survives_pruning(monkeypatch):
+    monkeypatch.setattr(cache, "MAX_KEYS", MAX_KEYS)
+    rule = CacheRule()
+    shared = ["bbbbbbbb", "cccccccc", "dddddddd"]
+    for i in range(2 * MAX_KEYS):
+        noise = [f"{i:08x}", f"{i + 7:08x}", f"{i + 9:08x}"]
+        rule.observe(event("request.finished", prompt_tokens=64, cached_tokens=0, prefix_fingerprint=noise))
+        if i % 60 == 0:
+            fp = [f"{i:08x}a"] + shared
+            rule.observe(event("request.finished", prompt_tokens=64, cached_tokens=0, prefix_fingerprint=fp))
+    findings = rule.findings(None)
+    assert [f.cause for f in findings] == ["dynamic-prefix"], [(f.cause, f.explanation) for f in findings]
+    finding = findings[0]
+    assert (finding.id, finding.cause, finding.confidence) == ("cache-miss", "dynamic-prefix", Confidence.HIGH)
+
+
+def _served(n: int) -> list[Event]:
+    return [event("request.finished", t=i * 0.5, request_id=f"r{i}", finish_reason="stop", ttft_s=0.05)
+            for i in range(n)]
+
+
+def test_disconnects_when_the_load_stops_are_not_an_incident():
+    stop = [event("request.aborted", t=10.0 + i * 0.01, request_id=f"x{i}", reason="client_disconnect")
+            for i in range(4)]
+    assert run(_served(20) + stop) == []
+    spread = [event("request.aborted", t=1.0 + i * 2, request_id=f"x{i}", reason="client_disconnect")
+              for i in range(4)]
+    assert [f.id for f in run(_served(20) + spread)] == ["stream-cut-client-disconnect"]
+    assert [f.id for f in run(stop[:1])] == ["stream-cut-client-disconnect"]  # an excerpt: one line is enough
+
+
+def test_slow_first_schedule_without_a_queue_is_not_a_backlog():
+    slow = [event("request.scheduled", t=i, request_id=f"r{i}", queue_s=4.0) for i in range(10)]
+    assert run(slow) == []
+    queued = slow + [event("engine.stats", t=10, running=4, waiting=12, kv_usage=0.3)]
+    [finding] = run(queued)
+    assert (finding.id, finding.confidence) == ("queue-backlog", Confidence.HIGH)
+
+
+def test_gateway_timeout_claims_the_engine_aborts():
+    timeout = event("gateway.upstream_timeout", t=5, source="nginx-error", phase="reading upstream")
+    aborts = [event("request.aborted", t=5, request_id=f"r{i}", reason="client_disconnect") for i in range(3)]
+    findings = run([timeout, *aborts])
+    assert [f.id for f in findings] == ["stream-cut-gateway-timeout"]
+    assert findings[0].requests.listed() == ["r0", "r1", "r2"]
+
+
+def test_oom_before_crash_before_cut_streams():
+    events = [
+        event("engine.error", t=1, phase="step", exc_type="OutOfMemoryError", fatal=True, request_ids=["a"],
+              message="CUDA out of memory. Tried to allocate 2.00 GiB.", traceback=""),
+        event("gateway.connect_refused", t=2, source="nginx-error"),
+        event("client.stream_cut", t=2, source="text"),
+    ]
+    assert [f.id for f in run(events)] == ["oom-runtime", "engine-crash"]

@@ -65,7 +65,7 @@ NEXT_STEPS = {
 class MemoryRule(Rule):
     kinds = ("oom.cuda", "oom.host", "oom.kv_capacity", "oom.weights", "driver.mismatch", "engine.error",
              "engine.startup", "phase.weights_loading", "phase.weights_loaded", "phase.kv_setup",
-             "phase.serving", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished")
+             "phase.serving", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished", "metric")
 
     def __init__(self):
         self.cands = {fid: Candidate(fid) for fid in (*PHASE_TO_ID.values(), "driver-mismatch")}
@@ -75,6 +75,7 @@ class MemoryRule(Rule):
         self.driver_cuda: tuple[Event, str] | None = None
         self.runtime_cuda: tuple[Event, str] | None = None
         self.gpu_full: Event | None = None
+        self.error_metrics: list[Event] = []  # finish_reason="error" increases: corroborate a runtime OOM
 
     def observe(self, ev: Event) -> None:
         kind = ev.kind
@@ -99,6 +100,10 @@ class MemoryRule(Rule):
             self.runtime_cuda = (ev, ev.fields["version"])
         elif kind == "gpu.memory" and ev.fields["ratio"] >= 0.95:
             self.gpu_full = ev
+        elif kind == "metric" and ev.fields["metric"] == "finished_total" and ev.fields["increase"] > 0:
+            labels = ev.fields["labels"]
+            if (labels.get("finish_reason") or labels.get("finished_reason")) == "error":
+                self.error_metrics.append(ev)
         elif kind == "request.finished" and ev.fields.get("finish_reason") == "error":
             if any(w in str(ev.fields.get("error", "")) for w in _OOM_WORDS):
                 self.cands["oom-runtime"].add(ev, "request.finished.error", False, request_ids_of(ev))
@@ -156,6 +161,9 @@ class MemoryRule(Rule):
             if self.num_guessed.get(fid) and not self.num_known.get(fid) and fid != "oom-kv-capacity":
                 confidence = Confidence.MEDIUM
                 cand.counter.append("the start-up phase is not visible in these logs; the phase is inferred")
+            if fid == "oom-runtime":
+                for ev in self.error_metrics[:3]:
+                    cand.add(ev, "metric.finished_error", False)
             if fid.startswith("oom") and self.gpu_full is not None:
                 cand.add(self.gpu_full, "nvidia-smi.memory_full", False)
             if fid.startswith("oom") and self.cands["driver-mismatch"]:

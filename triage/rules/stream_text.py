@@ -59,6 +59,8 @@ def timeout_finding(rule) -> Finding:
     else:
         for ev in rule.engine_aborts:
             t.add(ev, "engine.aborted_by_gateway", False, [ev.fields.get("request_id")])
+        for ev in rule.abort_metrics:
+            t.add(ev, "metric.finished_abort", False)
         for ev in rule.stream_cuts:
             t.add(ev, ev.kind, False)
     detail = ""
@@ -81,6 +83,8 @@ def client_finding(rule, facts) -> Finding | None:
             return None
     for ev in rule.engine_aborts:
         c.add(ev, "engine.aborted.client_disconnect", False, [ev.fields.get("request_id")])
+    for ev in rule.abort_metrics:
+        c.add(ev, "metric.finished_abort", False)
     durations = rule.client_durations
     if len(durations) >= 3:
         low, high = min(durations), max(durations)

@@ -41,6 +41,7 @@ class StreamRule(Rule):
         self.num_errors = 0
         self.timeout_durations: Counter = Counter()
         self.client_durations: list[float] = []
+        self.abort_metrics: list[Event] = []
 
     def observe(self, ev: Event) -> None:
         handler = getattr(self, "_" + ev.kind.replace(".", "_"), None)
@@ -67,6 +68,10 @@ class StreamRule(Rule):
             self.crash.add(ev, "metric.up_dropped", False)
         elif f["metric"] == "ready" and f["num_points"] > 1 and f["max"] >= 1 and f["last"] == 0:
             self.crash.add(ev, "metric.ready_dropped", False)
+        elif f["metric"] == "finished_total" and f["increase"] > 0 and f["num_points"] > 1:
+            reason = f["labels"].get("finish_reason") or f["labels"].get("finished_reason")
+            if reason == "abort":  # corroborates whichever cut is decided on; never decides alone
+                self.abort_metrics.append(ev)
 
     def _gateway_connect_refused(self, ev: Event) -> None:
         self.crash.add(ev, ev.kind, False)

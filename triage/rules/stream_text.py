@@ -100,36 +100,43 @@ def client_finding(rule, facts) -> Finding | None:
         "durations point at people or client timeouts, not at the gateway." + spread, STEPS_CLIENT)
 
 
-def buffering_finding(rule) -> Finding | None:
+def _buffering_decisive(rule) -> str | None:
+    """Client TTFT far above the engine's: the evidence rows, the affected requests and the detail text."""
     from triage.rules.streams import median
 
     b = rule.buffering
-    client = median(rule.client_ttft)
-    server = median(rule.server_ttft)
-    decisive = False
-    detail = ""
-    if client is not None and server is not None:
-        gap = client - server
-        if gap >= BUFFER_MIN_GAP_S and client >= BUFFER_MIN_RATIO * max(server, 1e-3):
-            decisive = True
-            detail = (f" Median client TTFT {client * 1000:.0f} ms vs engine TTFT {server * 1000:.0f} ms "
-                      f"({len(rule.client_ttft)} client and {len(rule.server_ttft)} engine samples).")
-        else:
-            b.counter.append(f"client TTFT (median {client * 1000:.0f} ms) is close to the engine's "
-                             f"({server * 1000:.0f} ms)")
+    client, server = median(rule.client_ttft), median(rule.server_ttft)
+    if client is None or server is None:
+        return None
+    if client - server < BUFFER_MIN_GAP_S or client < BUFFER_MIN_RATIO * max(server, 1e-3):
+        b.counter.append(f"client TTFT (median {client * 1000:.0f} ms) is close to the engine's "
+                         f"({server * 1000:.0f} ms)")
+        return None
+    limit = max(BUFFER_MIN_RATIO * server, server + BUFFER_MIN_GAP_S)
+    for ev in rule.client_samples:
+        b.add(ev, "client.ttft_far_above_engine", True)
+    for ev in rule.server_samples:
+        b.add(ev, "engine.ttft", False)
+    for ttft, rid in zip(rule.client_ttft, rule.client_ttft_ids, strict=True):
+        if ttft >= limit:
+            b.requests.add(rid)
+    return (f" Median client TTFT {client * 1000:.0f} ms vs engine TTFT {server * 1000:.0f} ms "
+            f"({len(rule.client_ttft)} client and {len(rule.server_ttft)} engine samples).")
+
+
+def buffering_finding(rule) -> Finding | None:
+    b = rule.buffering
+    detail = _buffering_decisive(rule)
+    config = any(g.signal.startswith("config") for g in b.evidence.groups.values())
+    if detail is None and not config:
+        return None
+    detail = detail or ""
     if rule.num_bursty:
         detail += f" {rule.num_bursty} requests received their tokens in bursts (gaps under 2 ms)."
-    if not decisive and not b.evidence.groups:
-        return None
-    if not decisive and not any(g.signal.startswith("config") for g in b.evidence.groups.values()):
-        return None
     if rule.num_errors or rule.crash or rule.timeout:
         b.counter.append("errors or cut streams were also seen: buffering alone causes no errors")
-    confidence = Confidence.HIGH if decisive else Confidence.MEDIUM
-    if decisive:
-        b.num_decisive += 1
     return b.finding(
         "Tokens held back by a buffering proxy",
         "The engine produced its first token quickly but clients received it much later, with tokens "
         "arriving in bursts and no error anywhere: a proxy between them buffers the SSE response "
-        "(nginx proxy_buffering on, its default)." + detail, STEPS_BUFFERING, confidence)
+        "(nginx proxy_buffering on, its default)." + detail, STEPS_BUFFERING)

@@ -35,7 +35,9 @@ class StreamRule(Rule):
         self.client_ts: list = []
         self.server_ttft: list[float] = []
         self.client_ttft: list[float] = []
-        self.client_e2e: list[float] = []
+        self.client_ttft_ids: list[str | None] = []
+        self.client_samples: list[Event] = []
+        self.server_samples: list[Event] = []
         self.num_bursty = 0
         self.num_client_records = 0
         self.num_errors = 0
@@ -138,6 +140,8 @@ class StreamRule(Rule):
         ttft = ev.fields.get("ttft_s")
         if isinstance(ttft, int | float) and len(self.server_ttft) < MAX_SAMPLES:
             self.server_ttft.append(float(ttft))
+            if len(self.server_samples) < 2:
+                self.server_samples.append(ev)
         if ev.fields.get("finish_reason") == "error":
             self.num_errors += 1
 
@@ -146,15 +150,14 @@ class StreamRule(Rule):
         self.num_client_records += 1
         if f.get("ttft_s") is not None and len(self.client_ttft) < MAX_SAMPLES:
             self.client_ttft.append(f["ttft_s"])
-            if f.get("e2e_s"):
-                self.client_e2e.append(f["e2e_s"])
+            self.client_ttft_ids.append(f.get("request_id"))
+            if len(self.client_samples) < 3:
+                self.client_samples.append(ev)
         itl = f.get("itl_s") or []
         if len(itl) >= 4:
             tiny = sum(1 for g in itl if isinstance(g, int | float) and g < 0.002)
             if tiny >= 0.6 * len(itl):
                 self.num_bursty += 1
-        if self.num_client_records <= 3 or f.get("outcome") not in (None, "ok"):
-            self.buffering.add(ev, "client.request", False, request_ids_of(ev))
 
     def _config_proxy_buffering(self, ev: Event) -> None:
         value = ev.fields.get("value", "").lower()

@@ -68,7 +68,21 @@ def parse_slash(s: str) -> datetime | None:
         return None
 
 
+_CLF_CACHE: dict[str, datetime | None] = {}
+
+
 def parse_clf(s: str) -> datetime | None:
+    """Cached like parse_iso: access-log lines of one second share the string."""
+    ts = _CLF_CACHE.get(s, _CLF_CACHE)
+    if ts is not _CLF_CACHE:
+        return ts  # type: ignore[return-value]
+    if len(_CLF_CACHE) > 4096:
+        _CLF_CACHE.clear()
+    ts = _CLF_CACHE[s] = _parse_clf(s)
+    return ts
+
+
+def _parse_clf(s: str) -> datetime | None:
     """Common log format: 29/Nov/2026:19:40:01 +0000."""
     try:
         ts = _mk(int(s[7:11]), _MONTHS[s[3:6]], int(s[0:2]), int(s[12:14]), int(s[15:17]), int(s[18:20]))

@@ -142,7 +142,24 @@ def _uninteresting(line: str) -> bool:
     if start < 0:
         return False
     key = line[start:line.find('"', start + 9) + 1]
+    if key == '"event":"request.scheduled"':
+        return _quick_number(line, '"queue_s":') < 1.0  # only slow first schedules matter
     return key in _SKIP_EVENTS and '"prompt":' not in line
+
+
+def _quick_number(line: str, key: str) -> float:
+    """The number after key without decoding the JSON; infinity when absent or unreadable (decode it)."""
+    at = line.find(key)
+    if at < 0:
+        return float("inf")
+    start = at + len(key)
+    end = start
+    while end < len(line) and line[end] in "0123456789.eE+-":
+        end += 1
+    try:
+        return float(line[start:end])
+    except ValueError:
+        return float("inf")
 
 
 def head_nginx_error(line: str) -> bool:

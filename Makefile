@@ -12,7 +12,6 @@ $(BIN)/python:
 
 # torch first: the CPU build lies on local disk; a bare requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)

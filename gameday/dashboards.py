@@ -59,12 +59,13 @@ def expand(expr: str) -> str:
     return _VAR.sub(_sub, expr)
 
 
-def probe(client: PromClient, queries: list[PanelQuery]) -> dict[str, bool]:
-    """query key -> whether the expression returned at least one series now."""
+def probe(client: PromClient, queries: list[PanelQuery], start: float, end: float) -> dict[str, bool]:
+    """query key -> whether the panel would draw anything over [start, end] (a range query at 1 s
+    steps, as Grafana asks for a time-series panel)."""
     results = {}
     for query in queries:
         try:
-            results[query.key()] = bool(client.query(expand(query.expr)))
+            results[query.key()] = bool(client.query_range(expand(query.expr), start, end, step_s=1.0))
         except GamedayError:
             results[query.key()] = False
     return results

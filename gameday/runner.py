@@ -130,7 +130,7 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
         triage = run_triage(stack.logs_dir, stack.prom_url, report_dir, also_text=echo)
         failures += verdict.check(scenario, stack, watcher, triage, log, notes)
         if scenario.probe_dashboards:
-            _probe_dashboards(stack, notes)
+            _probe_dashboards(stack, start_epoch, notes)
         _record_series(stack, start_epoch)
     except GamedayError as exc:
         failures.append(f"harness: {exc}")
@@ -148,10 +148,10 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
     return result
 
 
-def _probe_dashboards(stack: Stack, notes: list[str]) -> None:
+def _probe_dashboards(stack: Stack, start_epoch: float, notes: list[str]) -> None:
     queries = dashboards.panel_queries(REPO_ROOT / "dashboards")
     assert stack.prom is not None
-    results = dashboards.probe(stack.prom, queries)
+    results = dashboards.probe(stack.prom, queries, start_epoch, time.time())
     (stack.report_dir / "dashboards.json").write_text(json.dumps(results, indent=2) + "\n")
     notes.append(f"dashboard panel queries with data: {sum(results.values())}/{len(results)}")
 

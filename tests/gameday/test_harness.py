@@ -156,6 +156,7 @@ def test_prometheus_loads_drill_rules_and_fires_engine_down(tmp_path):
     dead = f"127.0.0.1:{free_port()}"  # nothing listens: up == 0
     cfg = PromConfig(listen_port=free_port(), engine_targets=[dead], rule_files=rules)
     with Supervisor() as sup:
+        started = time.time()
         _, client = start_prometheus(sup, cfg, tmp_path / "tsdb", tmp_path / "logs")
         (group,) = client.rule_groups()
         assert group["rules"][0]["duration"] == 2.0  # 2m / 60
@@ -163,7 +164,9 @@ def test_prometheus_loads_drill_rules_and_fires_engine_down(tmp_path):
         while not [a for a in client.alerts() if a.state == "firing"] and time.monotonic() < deadline:
             time.sleep(0.5)
         (alert,) = client.alerts()
+        (series,) = client.query_range('up{job="llm-engine"}', started, time.time(), step_s=1.0)
     assert (alert.name, alert.state, alert.labels["instance"]) == ("LLMEngineDown", "firing", dead)
+    assert {value for _, value in series["values"]} == {"0"}
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

@@ -29,24 +29,46 @@ class GroupPlan:
     output_index: torch.Tensor | None  # [Tg] rows of the padded [Bg * Q] output (None: decode group)
 
 
-PagedPlan = list[GroupPlan]
+class GatherWorkspace:
+    """Two reusable flat buffers for the gathered keys and values. Every layer gathers tensors of
+    the same size; on CPU a fresh multi-MB allocation per layer page-faults on every step."""
+
+    def __init__(self) -> None:
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def buffers(self, numel: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        held = self._buffers
+        if held is None or held[0].numel() < numel or held[0].dtype != like.dtype or held[0].device != like.device:
+            held = (like.new_empty(numel), like.new_empty(numel))
+            self._buffers = held
+        return held[0][:numel], held[1][:numel]
 
 
-def plan_paged(attn: AttentionMetadata) -> PagedPlan:
+@dataclass(slots=True)
+class PagedPlan:
+    groups: list[GroupPlan]
+    workspace: GatherWorkspace
+
+
+def plan_paged(attn: AttentionMetadata, workspace: GatherWorkspace | None = None) -> PagedPlan:
     """Gather indices and causal masks for a batch; built once per forward, used by every layer.
 
     Decodes and prefills attend in separate calls: padding 32 one-token decodes to the length
     of a 2,000-token prefill chunk would multiply the attention work by 32.
     """
+    workspace = workspace or GatherWorkspace()
     if attn.is_decode_only:
-        return [_decode_group(attn, None)]
+        return PagedPlan([_decode_group(attn, None)], workspace)
     qsl = attn.query_start_loc
     q_lens = [qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)]
     decode_ids = [i for i, n in enumerate(q_lens) if n == 1]
     prefill_ids = [i for i, n in enumerate(q_lens) if n != 1]
     if not decode_ids:
-        return [_prefill_group(attn, None, q_lens)]
-    return [_decode_group(attn, decode_ids)] + ([_prefill_group(attn, prefill_ids, q_lens)] if prefill_ids else [])
+        return PagedPlan([_prefill_group(attn, None, q_lens)], workspace)
+    groups = [_decode_group(attn, decode_ids)]
+    if prefill_ids:
+        groups.append(_prefill_group(attn, prefill_ids, q_lens))
+    return PagedPlan(groups, workspace)
 
 
 def _select(attn: AttentionMetadata, seq_ids: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,13 +129,16 @@ def write_kv(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
 
 
-def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Read each sequence's blocks in table order: [B, nb] -> [B, Hkv, nb * block_size, D]."""
     num_seqs, num_blocks = block_tables.shape
     total_blocks, block_size, num_kv_heads, head_dim = cache.shape
     # One row per block: index_select of whole rows is several times faster than cache[tables].
-    rows = cache.view(total_blocks, -1).index_select(0, block_tables.reshape(-1))  # [B * nb, bs*Hkv*D]
-    gathered = rows.view(num_seqs, num_blocks * block_size, num_kv_heads, head_dim)  # [B, L, Hkv, D]
+    rows = cache.view(total_blocks, -1)  # [num_blocks, bs * Hkv * D]
+    if out is not None:
+        out = out.view(num_seqs * num_blocks, rows.shape[1])
+    gathered = torch.index_select(rows, 0, block_tables.reshape(-1), out=out)  # [B * nb, bs * Hkv * D]
+    gathered = gathered.view(num_seqs, num_blocks * block_size, num_kv_heads, head_dim)  # [B, L, Hkv, D]
     return gathered.transpose(1, 2)  # [B, Hkv, L, D]
 
 
@@ -128,18 +153,23 @@ def paged_attention(
     """Write k/v [T, Hkv, D] into the cache, then attend q [T, H, D] causally; returns [T, H, D]."""
     k_cache, v_cache = kv_cache
     write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
-    if len(plan) == 1 and plan[0].token_index is None:
-        return _attend(q, k_cache, v_cache, plan[0])
+    groups = plan.groups
+    if len(groups) == 1 and groups[0].token_index is None:
+        return _attend(q, k_cache, v_cache, groups[0], plan.workspace)
     out = torch.empty_like(q)
-    for group in plan:
-        out.index_copy_(0, group.token_index, _attend(q, k_cache, v_cache, group))
+    for group in groups:
+        out.index_copy_(0, group.token_index, _attend(q, k_cache, v_cache, group, plan.workspace))
     return out
 
 
-def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: GroupPlan) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: GroupPlan, workspace: GatherWorkspace
+) -> torch.Tensor:
     """One SDPA call over a group's sequences; returns [Tg, H, D] in the group's token order."""
-    keys = gather_kv(k_cache, group.block_tables)  # [Bg, Hkv, L, D]
-    values = gather_kv(v_cache, group.block_tables)  # [Bg, Hkv, L, D]
+    numel = group.block_tables.numel() * k_cache[0].numel()
+    k_buf, v_buf = workspace.buffers(numel, k_cache)
+    keys = gather_kv(k_cache, group.block_tables, k_buf)  # [Bg, Hkv, L, D]
+    values = gather_kv(v_cache, group.block_tables, v_buf)  # [Bg, Hkv, L, D]
     num_seqs, num_heads, head_dim = keys.shape[0], q.shape[1], q.shape[2]
     gqa = num_heads != keys.shape[1]
     if group.query_index is None:  # decodes: one query per sequence

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelLoadError
-from engine.model.attention import AttentionMetadata, PagedPlan, paged_attention, plan_paged
+from engine.model.attention import AttentionMetadata, GatherWorkspace, PagedPlan, paged_attention, plan_paged
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 MODEL_TYPE_TO_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -291,6 +291,7 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self._inv_freq: torch.Tensor | None = None
+        self._workspace = GatherWorkspace()  # gather buffers reused across layers and steps
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -314,7 +315,7 @@ class CausalLM(nn.Module):
         attn: AttentionMetadata,
     ) -> torch.Tensor:
         """Paged forward over T flattened tokens; logits [num_seqs, vocab] of each last new token."""
-        plan = plan_paged(attn)
+        plan = plan_paged(attn, self._workspace)
         cos, sin = self.rope(positions)  # [T, 1, D]
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):

@@ -22,7 +22,8 @@ from locust.runners import MasterRunner, WorkerRunner
 from loadgen import client, profiles, runtime
 from loadgen.options import add_arguments
 from loadgen.prompts import Prompt, PromptFactory, messages_to_prompt
-from loadgen.records import Outcome, RequestRecord
+from loadgen.records import FailureKind, Outcome, RequestRecord
+from loadgen.server_info import prompt_tokens_from_error
 
 logger = logging.getLogger("loadgen")
 STATE: runtime.LoadgenState | None = None
@@ -171,6 +172,8 @@ class ChatUser(HttpUser):
         state.add(record)
         if record.outcome is Outcome.OK:
             state.calibration.observe(prompt.num_words, record.prompt_tokens)
+        elif record.failure_kind is FailureKind.HTTP_STATUS:  # a too-long prompt still tells its length
+            state.calibration.observe(prompt.num_words, prompt_tokens_from_error(record.error))
         factory.on_answer(text, record.outcome is Outcome.OK)
         self._fire(record, cfg.endpoint)
 

@@ -11,7 +11,9 @@ from loadgen.records import FailureKind
 # llmserve's info metric, then vLLM's (whose cache_config_info carries no length; model_config may).
 MAX_LEN_PATTERNS = (re.compile(r'llm_engine_info\{[^}]*max_model_len="(\d+)"'),
                     re.compile(r'vllm:\w+_info\{[^}]*max_model_len="(\d+)"'))
-PROBE_WORDS = 64
+# vLLM's (and llmserve's) refusal names the prompt's token count: "(524 in the messages, 16 in the completion)"
+PROMPT_TOKENS_IN_ERROR = re.compile(r"\((\d+) in the (?:messages|prompt)")
+PROBE_WORDS = 32  # small enough for a tiny max_model_len even with a byte-level tokenizer
 
 
 class ServerInfoError(Exception):
@@ -60,10 +62,16 @@ def discover_max_model_len(host: str, headers: dict, model: str, timeout_s: floa
     return None
 
 
+def prompt_tokens_from_error(text: str | None) -> int | None:
+    match = PROMPT_TOKENS_IN_ERROR.search(text or "")
+    return int(match.group(1)) if match else None
+
+
 def probe_tokens_per_word(host: str, path: str, headers: dict, model: str, chat: bool,
                           timeout_s: float = 60.0) -> float | None:
     """One short non-streamed request of known words: the server's usage gives tokens per word."""
-    text = " ".join(WORDS[i % len(WORDS)] for i in range(PROBE_WORDS))
+    step = len(WORDS) // PROBE_WORDS  # spread over the vocabulary: word lengths as the generator uses them
+    text = " ".join(WORDS[i * step] for i in range(PROBE_WORDS))
     body = {"model": model, "max_tokens": 1, "stream": False}
     if chat:
         body["messages"] = [{"role": "user", "content": text}]

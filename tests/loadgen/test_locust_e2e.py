@@ -83,7 +83,7 @@ def test_abort_profile_counts_intentional_cancels_not_failures(mock_server, tmp_
 
 def test_processes_merge_worker_records_into_one_report(mock_server, tmp_path):
     server = mock_server(ttft_s=0.05, itl_s=0.02)
-    proc = run_locust(locust_args(server.port, tmp_path, "--processes", "2", "-u", "4", "-r", "4", "-t", "3s",
+    proc = run_locust(locust_args(server.port, tmp_path, "--processes", "2", "-u", "4", "-r", "4", "-t", "2s",
                                   "--profile", "shared-prefix", "--prefix-tokens", "64", "--prompt-tokens", "8",
                                   "--output-tokens", "4"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -128,3 +128,13 @@ def test_poisson_schedule_is_open_loop_at_the_rate():
     gaps = [b - a for a, b in zip(slots, slots[1:], strict=False)]
     assert sum(gaps) / len(gaps) == pytest.approx(0.2, rel=0.06)
     assert min(gaps) < 0.01 < 0.6 < max(gaps)  # exponential, not evenly spaced
+
+
+def test_a_refused_prompt_still_tells_its_token_count():
+    from loadgen.server_info import prompt_tokens_from_error
+
+    text = ("requests.exceptions.HTTPError: 400 Client Error: Bad Request for url: http://h/v1/chat/completions "
+            "(This model's maximum context length is 512 tokens. However, you requested 540 tokens (524 in the "
+            "messages, 16 in the completion). Please reduce the length of the messages or completion.)")
+    assert prompt_tokens_from_error(text) == 524
+    assert prompt_tokens_from_error("HTTP 503") is None

@@ -48,8 +48,8 @@ class ClientLog:
                 "elapsed_s": round(elapsed, 6), "chunks": record.num_chunks, "error": record.error,
             })
         status = record.http_status if record.http_status is not None else "-"
-        response = f" response_id={record.response_id}" if record.response_id else ""
-        return (f"{iso_utc(now_unix)} {level.upper()} loadgen request_id={record.request_id}{response} kind={kind} "
+        # The text form is a fixed field order that llmtriage parses; the response id is in the JSON form.
+        return (f"{iso_utc(now_unix)} {level.upper()} loadgen request_id={record.request_id} kind={kind} "
                 f"status={status} elapsed_s={elapsed:.3f} chunks={record.num_chunks} {record.error}")
 
     def close(self) -> None:

@@ -1,6 +1,5 @@
 """One streamed request through Locust's HttpSession against the mock server: outcome and kind per fault."""
 
-import re
 
 import pytest
 from locust.clients import HttpSession
@@ -59,7 +58,7 @@ def test_each_fault_is_a_failure_of_its_kind(mock_server, tmp_path, fault, kind,
     assert record.error.startswith(text)
     assert events[0]["exception"].kind is kind
     line = (tmp_path / "client.log").read_text().strip()
-    assert re.search(rf" ERROR loadgen request_id=req-1 (response_id=\S+ )?kind={kind.value} ", line)
+    assert f" ERROR loadgen request_id=req-1 kind={kind.value} status=" in line
     assert line.endswith(record.error)
 
 
@@ -100,3 +99,16 @@ def test_without_usage_output_tokens_are_counted_from_chunks(mock_server):
     record, _, _ = send(server.port)
     assert record.outcome is Outcome.OK
     assert (record.output_tokens, record.output_tokens_source, record.prompt_tokens) == (6, TokenSource.CHUNKS, None)
+
+
+def test_client_log_lines_are_what_llmtriage_parses(tmp_path):
+    parsers = pytest.importorskip("triage.parsers.client")
+    record = RequestRecord(request_id="loadgen-x", worker="local", profile="steady", scheduled_unix=0.0,
+                           outcome=Outcome.FAILED, failure_kind=FailureKind.STREAM_CUT, http_status=200, end_s=1.2,
+                           num_chunks=3, error="requests.exceptions.ChunkedEncodingError: Response ended prematurely")
+    log = ClientLog(tmp_path / "c.log")
+    log.write(record, now_unix=1795983000.0)
+    log.close()
+    event = parsers.parse_loadgen_text((tmp_path / "c.log").read_text().strip(), "c.log", 1)
+    assert event.kind == "client.stream_cut"
+    assert event.fields["elapsed_s"] == 1.2 and event.fields["error"] == record.error

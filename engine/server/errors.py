@@ -47,6 +47,12 @@ class NotReady(APIError):
     status, type, reject_reason = 503, "service_unavailable_error", "not_ready"
 
 
+class Unavailable(APIError):
+    """503 for a request already admitted (drained, or the engine died under it): not a rejection."""
+
+    status, type = 503, "service_unavailable_error"
+
+
 class RequestTimeout(APIError):
     """--request-timeout elapsed: 504, as a gateway reports an upstream that took too long."""
 

@@ -20,6 +20,7 @@ from engine.server.errors import (
     ModelNotFound,
     NotReady,
     RequestTimeout,
+    Unavailable,
     map_exception,
 )
 from engine.server.state import AbortReason, LiveRequest, ServerState
@@ -163,9 +164,9 @@ def _finish_error(state: ServerState, job: Job, output: RequestOutput) -> APIErr
     if output.finish_reason is FinishReason.ABORT:
         live = state.live.get(job.request_id)
         if live is not None and live.abort_reason == AbortReason.DRAIN:
-            return NotReady("The server is shutting down; the request was aborted.", code="draining")
+            return Unavailable("The server is shutting down; the request was aborted.", code="draining")
         if state.engine.is_dead:
-            return NotReady("The engine is dead.", code="engine_dead")
+            return Unavailable("The engine is dead.", code="engine_dead")
         return APIError("The request was aborted.", code="aborted")
     return None
 

@@ -81,6 +81,20 @@ def test_abort_profile_counts_intentional_cancels_not_failures(mock_server, tmp_
     assert s["num_failed"] == 0
 
 
+def test_poisson_is_open_loop_and_counts_latency_from_the_scheduled_send(mock_server, tmp_path):
+    # One in flight at most, ~0.1 s each, 20 arrivals per second: the client falls behind the schedule.
+    server = mock_server(ttft_s=0.05, itl_s=0.025)
+    proc = run_locust(locust_args(server.port, tmp_path, "-t", "2s", "--profile", "poisson", "--rate", "20",
+                                  "--max-concurrency", "1", "--output-tokens", "3", "--seed", "3"), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = read_summary(tmp_path)
+    assert s["profile"] == "poisson" and s["num_failed"] == 0
+    assert s["client_queue_s"]["max"] > 0.2
+    # TTFT counts from the slot, so it carries the client's queue: far above the injected 50 ms.
+    assert s["ttft_s"]["max"] >= s["client_queue_s"]["max"] + 0.05 - 0.002
+    assert s["ttft_s"]["p90"] > 0.2
+
+
 def test_processes_merge_worker_records_into_one_report(mock_server, tmp_path):
     server = mock_server(ttft_s=0.05, itl_s=0.02)
     proc = run_locust(locust_args(server.port, tmp_path, "--processes", "2", "-u", "4", "-r", "4", "-t", "2s",

@@ -94,9 +94,10 @@ class CacheRule(Rule):
             self.prefix_keys[key2] = self.prefix_keys.get(key2, 0) + 1
         # Block j shared with other requests while the blocks before it differ: something early in the
         # prompt changes per request (block hashes are per block, so a shared later block survives).
+        # Keys are two consecutive blocks: one shared block can be a coincidence (a template's tail).
         table = self.later_to_prefixes
-        for j in range(1, len(fp)):
-            key = (j, fp[j])
+        for j in range(1, len(fp) - 1):
+            key = (j, fp[j], fp[j + 1])
             prefixes = table.get(key)
             if prefixes is None:
                 if len(table) >= MAX_KEYS and not _prune(table):

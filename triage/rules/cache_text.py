@@ -27,7 +27,9 @@ def _rate_text(rule) -> str:
 
 
 def _reuse(rule) -> bool:
-    return any(count >= 2 for count in rule.prefix_keys.values())
+    """A real share of requests starts with the same two blocks (not one repeated probe)."""
+    repeated = sum(count for count in rule.prefix_keys.values() if count >= 2)
+    return repeated >= max(5, 0.2 * rule.num_multi_block)
 
 
 def finding_disabled(rule, cand) -> Finding | None:

@@ -30,8 +30,8 @@ class GroupPlan:
 
 
 class GatherWorkspace:
-    """Two reusable flat buffers for the gathered keys and values. Every layer gathers tensors of
-    the same size; on CPU a fresh multi-MB allocation per layer page-faults on every step."""
+    """Two reusable flat buffers for the gathered keys and values (CPU only). Every layer gathers
+    tensors of the same size; a fresh multi-MB allocation per layer page-faults on every step."""
 
     def __init__(self) -> None:
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -166,8 +166,9 @@ def _attend(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: GroupPlan, workspace: GatherWorkspace
 ) -> torch.Tensor:
     """One SDPA call over a group's sequences; returns [Tg, H, D] in the group's token order."""
-    numel = group.block_tables.numel() * k_cache[0].numel()
-    k_buf, v_buf = workspace.buffers(numel, k_cache)
+    k_buf = v_buf = None
+    if k_cache.device.type == "cpu":  # CUDA's caching allocator already reuses memory
+        k_buf, v_buf = workspace.buffers(group.block_tables.numel() * k_cache[0].numel(), k_cache)
     keys = gather_kv(k_cache, group.block_tables, k_buf)  # [Bg, Hkv, L, D]
     values = gather_kv(v_cache, group.block_tables, v_buf)  # [Bg, Hkv, L, D]
     num_seqs, num_heads, head_dim = keys.shape[0], q.shape[1], q.shape[2]

@@ -191,8 +191,8 @@ async def complete(state: ServerState, request: Request, job: Job) -> JSONRespon
         collect.result()
     finally:
         watcher.cancel()
-        state.live.pop(job.request_id, None)
         _trace(state, job)
+        state.live.pop(job.request_id, None)
     out = job.final
     assert out is not None
     finish = out.finish_reason.value if out.finish_reason else "stop"
@@ -258,8 +258,8 @@ async def _events(state: ServerState, job: Job) -> AsyncIterator[str]:
                            message=str(exc), traceback=None, request_ids=[job.request_id], fatal=False)
         yield sse(map_exception(exc).body)
     finally:
-        state.live.pop(job.request_id, None)
         _trace(state, job)
+        state.live.pop(job.request_id, None)
     yield sse("[DONE]")
 
 
@@ -281,7 +281,10 @@ def _trace(state: ServerState, job: Job) -> None:
         return
     out = job.final
     reason = out.finish_reason.value if out is not None and out.finish_reason else None
-    if reason is None and job.error is not None:
+    live = state.live.get(job.request_id)
+    if reason is None and live is not None and live.abort_reason is not None:
+        reason = "abort"  # ended by a disconnect, a timeout or the drain before the engine's last output
+    elif reason is None and job.error is not None:
         reason = "error"
     error = str(job.error) if job.error is not None else None
     state.tracer.record(job.span, out.metrics if out is not None else None, reason, error)

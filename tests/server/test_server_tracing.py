@@ -37,3 +37,16 @@ def test_stream_without_traceparent_starts_a_new_trace(server):
         assert [line for line in response.iter_lines() if line.startswith("data: ")][-1] == "data: [DONE]"
     (root,) = [s for s in server.spans.get_finished_spans() if s.name == "text_completion builtin"]
     assert root.parent is None and root.attributes["gen_ai.operation.name"] == "text_completion"
+
+
+def test_cut_stream_is_traced_as_abort(server):
+    server.spans.clear()
+    body = {"model": "builtin", "prompt": "cut me", "max_tokens": 300, "ignore_eos": True, "stream": True}
+    with server.client.stream("POST", "/v1/completions", json=body) as response:
+        next(line for line in response.iter_lines() if line.startswith("data: "))
+
+    def root_spans():
+        return [s for s in server.spans.get_finished_spans() if s.name == "text_completion builtin"]
+
+    server.wait_for(root_spans, what="the aborted request's span")
+    assert tuple(root_spans()[0].attributes["gen_ai.response.finish_reasons"]) == ("abort",)

@@ -171,3 +171,17 @@ def test_docker_json_wrapped_line():
 def test_signatures_with_cause(line, kind, cause):
     found = dict(scan(line))
     assert kind in found and found[kind].get("cause") == cause
+
+
+@pytest.mark.parametrize("line, kind", [
+    ("INFO 04-02 10:00:05 model_runner.py:1008] Loading model weights took 13.9717 GB", "phase.weights_loaded"),
+    ("(EngineCore_DP0 pid=9) INFO 08-14 09:12:41 [gpu_model_runner.py:1953] Model loading took 15.2683 GiB and "
+     "9.84 seconds", "phase.weights_loaded"),
+    ("(EngineCore_DP0 pid=9) INFO 08-14 09:12:30 [gpu_model_runner.py:1900] Starting to load model m...",
+     "phase.weights_loading"),
+    ("(EngineCore_DP0 pid=9) INFO 08-14 09:12:52 [gpu_worker.py:276] Available KV cache memory: 10.91 GiB",
+     "phase.kv_setup"),
+    ("(APIServer pid=1) INFO:     Application startup complete.", "phase.serving"),
+])
+def test_startup_phase_markers(line, kind):
+    assert kinds(line) == [kind]

@@ -63,15 +63,16 @@ _SGL_STATS = (
     ("prefix_hit_tokens", re.compile(r"#cached-token: (\d+)"), int),
     ("new_tokens", re.compile(r"#new-token: (\d+)"), int),
 )
+# Checked in this order: "Loading weights took" is a finished load, not a starting one.
 _PHASES = (
-    ("phase.weights_loading", ("Starting to load model", "Loading safetensors checkpoint", "Loading weights",
-                               "llm_load_tensors", "load_tensors:", "Loading model weights")),
-    ("phase.weights_loaded", ("Model loading took", "Loading weights took", "model weights loaded")),
+    ("phase.weights_loaded", ("Model loading took", "weights took", "model weights loaded")),
     ("phase.kv_setup", ("Available KV cache memory", "GPU KV cache size", "# GPU blocks", "# cuda blocks",
                         "Maximum concurrency for", "Warming up model", "Capturing CUDA graph",
                         "llama_kv_cache", "KV self size", "Memory profiling takes")),
     ("phase.serving", ("Application startup complete", "Uvicorn running on", "server is listening on",
                        "llama runner started", "Server started")),
+    ("phase.weights_loading", ("Starting to load model", "Loading safetensors checkpoint", "Loading weights",
+                               "llm_load_tensors", "load_tensors:", "Loading model weights")),
 )
 _RECEIVED = re.compile(r"Received request (?P<id>[^\s:]+):? prompt: (?P<q>['\"])(?P<prompt>.*?)(?P=q), params")
 _ABORTED = re.compile(r"Aborted request(?:\(s\)|s)? (?P<ids>[^\s.][^ ]*?)\.?$|Request (?P<id>\S+) aborted\.")

@@ -86,7 +86,10 @@ class StreamRule(Rule):
 
     # --- gateway timeout ---
     def _gateway_upstream_timeout(self, ev: Event) -> None:
-        self.timeout.add(ev, ev.kind, True)
+        if str(ev.fields.get("phase", "")).startswith("connecting"):
+            self.crash.add(ev, "gateway.connect_timeout", False)  # nothing accepts connections: engine down
+        else:
+            self.timeout.add(ev, ev.kind, True)
 
     def _http_error_page(self, ev: Event) -> None:
         status = ev.fields.get("status")

@@ -3,6 +3,7 @@
 import random
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 
 from engine.model.attention import AttentionMetadata
@@ -30,8 +31,9 @@ class PagedHarness:
         shape = (NUM_BLOCKS, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim)
         self.model = model
         self.kv_caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_hidden_layers)]
-        self.device = next(model.parameters()).device
-        self.kv_caches = [(k.to(self.device), v.to(self.device)) for k, v in self.kv_caches]
+        weight = next(model.parameters())
+        self.device = weight.device
+        self.kv_caches = [(k.to(weight), v.to(weight)) for k, v in self.kv_caches]  # model device, dtype
         self.free = list(range(NUM_BLOCKS))
         random.Random(seed).shuffle(self.free)
 
@@ -153,3 +155,19 @@ def test_builtin_paged_decode_matches_full(builtin):
         harness.step([(seq, 1)])
     seq.token_ids.append(int(seq.logits[-1].argmax()))
     assert_matches_full_recompute(model, seq, len(prompt))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_paged_decode_tracks_full(llama_ckpt, dtype):
+    model = load(llama_ckpt[0], dtype=dtype).model
+    harness = PagedHarness(model, seed=13)
+    assert harness.kv_caches[0][0].dtype == getattr(torch, dtype)
+    seq = harness.new_seq(list(range(70, 93)))
+    harness.step([(seq, 9)])
+    harness.step([(seq, 14)])
+    for _ in range(3):
+        seq.token_ids.append(int(seq.logits[-1].argmax()))
+        harness.step([(seq, 1)])
+    full = model.forward_full(torch.tensor([seq.token_ids]))[0].float()  # [S, vocab]
+    paged = torch.stack(seq.logits).float()
+    assert (paged - full[seq.logit_positions]).abs().max() < 0.05 * full.abs().max()

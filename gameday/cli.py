@@ -64,6 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         raise UnknownScenarioError("run needs scenario names or --all (see: python -m gameday list)")
     root = args.report_dir / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    root.mkdir(parents=True, exist_ok=True)  # a bad --report-dir stops here, before anything starts
     failed = []
     for scenario in scenarios:
         print(f"[gameday] {scenario.name}: {scenario.summary}", file=sys.stderr, flush=True)
@@ -94,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except GamedayError as exc:
         print(f"gameday: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"gameday: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("gameday: interrupted; everything started was stopped", file=sys.stderr)

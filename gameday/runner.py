@@ -132,8 +132,8 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
         if scenario.probe_dashboards:
             _probe_dashboards(stack, start_epoch, notes)
         _record_series(stack, start_epoch)
-    except GamedayError as exc:
-        failures.append(f"harness: {exc}")
+    except (GamedayError, OSError) as exc:
+        failures.append(f"harness: {type(exc).__name__}: {exc}")
     finally:
         if watcher is not None:
             watcher.stop()

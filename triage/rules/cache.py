@@ -2,7 +2,7 @@
 
 import re
 
-from triage.model import Confidence, Event, Finding
+from triage.model import Event, Finding
 from triage.rules import Candidate, Facts, Rule, request_ids_of
 from triage.rules import cache_text as T
 
@@ -179,10 +179,6 @@ class CacheRule(Rule):
             if finding is not None:
                 out.append(finding)
         return out
-
-    @staticmethod
-    def confidence_of(cand: Candidate) -> Confidence:
-        return Confidence.HIGH if cand.num_decisive else Confidence.MEDIUM
 
     @staticmethod
     def ids(ev: Event) -> list[str]:

@@ -2,7 +2,7 @@
 
 from collections import Counter
 
-from triage.model import Confidence, Event, Finding
+from triage.model import Event, Finding
 from triage.rules import Candidate, Facts, Rule, request_ids_of
 from triage.rules import stream_text as T
 
@@ -194,7 +194,3 @@ class StreamRule(Rule):
             return False  # an excerpt, or a run of nothing but disconnects
         first = min(stamps)
         return (end - first).total_seconds() <= SHUTDOWN_TAIL_S
-
-    @staticmethod
-    def confidence_of(cand: Candidate) -> Confidence:
-        return Confidence.HIGH if cand.num_decisive else Confidence.MEDIUM

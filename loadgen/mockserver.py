@@ -37,7 +37,8 @@ class MockStats:
     num_requests: int = 0
     modes: Counter = field(default_factory=Counter)
     num_disconnects: int = 0  # clients that went away mid-stream
-    prompts: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)  # the first 200 characters of each
+    prompt_words: list[int] = field(default_factory=list)
     max_tokens: list[int] = field(default_factory=list)
     first_token_lag_s: list[float] = field(default_factory=list)  # actual minus scheduled first write
 
@@ -160,6 +161,7 @@ class MockServer:
         stats.num_requests += 1
         stats.modes[mode] += 1
         stats.prompts.append(" ".join(words)[:200])
+        stats.prompt_words.append(len(words))
         num_tokens = int(request.get("max_tokens") or request.get("max_completion_tokens") or cfg.output_tokens)
         stats.max_tokens.append(num_tokens)
         cached = self.cache.lookup_and_insert(words)

@@ -73,12 +73,14 @@ def test_failures_are_counted_by_kind_and_cut_streams_never_succeed(mock_server,
 def test_abort_profile_counts_intentional_cancels_not_failures(mock_server, tmp_path):
     server = mock_server(ttft_s=0.02, itl_s=0.02)
     proc = run_locust(locust_args(server.port, tmp_path, "-u", "2", "-r", "2", "-t", "2s", "--profile", "abort",
-                                  "--abort-after-tokens", "2", "--output-tokens", "50"), tmp_path)
+                                  "--abort-after-tokens", "2", "--output-tokens", "50", "--prompt-tokens", "40"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = read_summary(tmp_path)
     assert s["profile"] == "abort"
     assert s["num_aborted"] == s["num_requests"] == server.stats.num_requests > 0
     assert s["num_failed"] == 0
+    # The mock counts one token per word, so the calibrated generator hits the asked length exactly.
+    assert set(server.stats.prompt_words) == {40}
 
 
 def test_poisson_is_open_loop_and_counts_latency_from_the_scheduled_send(mock_server, tmp_path):

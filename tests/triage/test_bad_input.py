@@ -100,3 +100,17 @@ def test_only_unreadable_input_exits_2(tmp_path, run_cli):
     code, out, err = run_cli("diagnose", tmp_path)
     assert code == 2 and out == ""
     assert err.strip().splitlines()[-1] == "llmtriage: nothing readable in the given paths"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=4000))
+def test_fuzz_reader_on_random_bytes(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("fuzz") / "blob"
+    path.write_bytes(data)
+    parser = FileParser(str(path))
+    for lineno, line in read_lines(path, Notes()):
+        parser.parse(lineno, line)
+
+
+def test_deeply_nested_json_line_is_skipped():
+    assert FileParser("x.log").parse(1, '{"a":' + "[" * 100_000) == []

@@ -41,7 +41,7 @@ class FileParser:
             return []
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: pathologically nested input
             return None
         if not isinstance(obj, dict):
             return None

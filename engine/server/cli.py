@@ -143,24 +143,25 @@ def _open_log(args: argparse.Namespace) -> EventLogger:
 
 def run(argv: list[str] | None = None) -> int:
     from engine.server.builder import StartupError, build_state, load_engine
-    from engine.server.runner import serve
+    from engine.server.runner import bind, serve
 
     args = build_parser().parse_args(argv)
     engine_config, server_config = configs_from_args(args)
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     log = _open_log(args)
     try:
-        llm = load_engine(engine_config, log)
-    except StartupError as exc:
-        print(f"llmserve: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    provider = make_tracer_provider(args.otlp_traces_endpoint)
-    state = build_state(llm, server_config, log, provider)
-    try:
-        return serve(state, args.host, args.port)
-    except OSError as exc:  # e.g. the port is taken
-        print(f"llmserve: error: cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+        try:
+            llm = load_engine(engine_config, log)
+        except StartupError as exc:
+            print(f"llmserve: error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        state = build_state(llm, server_config, log, make_tracer_provider(args.otlp_traces_endpoint))
+        return serve(state, sock)
     finally:
+        sock.close()
         log.close()
 
 

@@ -94,15 +94,26 @@ def make_server(state: ServerState, host: str, port: int, sock: socket.socket | 
     return LLMServer(config, state)
 
 
-def serve(state: ServerState, host: str, port: int) -> int:
+def bind(host: str, port: int) -> socket.socket:
+    """Bind the listening socket before the (slow) engine load, so a taken port fails at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(state: ServerState, sock: socket.socket) -> int:
     """Start the engine, serve until drained or dead; the exit code (0 drained, 1 engine died)."""
+    host, port = sock.getsockname()[:2]
     server = make_server(state, host, port)
     start_state(state)
-    reason = "sigterm"
     try:
-        server.run()
-        reason = server.exit_reason or "sigterm"
+        server.run(sockets=[sock])
     finally:
-        stop_state(state, "fatal" if state.fatal else reason)
+        stop_state(state, "fatal" if state.fatal else server.exit_reason or "sigterm")
     return 1 if state.fatal else 0
-

@@ -34,6 +34,7 @@ class LoadedModel:
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
+    """`builtin` or a Hugging Face folder; ModelLoadError / OutOfMemoryError before allocating."""
     dtype = resolve_dtype(config.dtype)
     device = resolve_device(config.device)
     if config.model == BUILTIN_NAME:
@@ -42,9 +43,11 @@ def load_model(config: EngineConfig) -> LoadedModel:
         check_memory(weights_bytes, dtype, device, config.gpu_memory_utilization)
         model = build_builtin(dtype, device)
         return LoadedModel(model, cfg, builtin_tokenizer(), BUILTIN_NAME, builtin_digest(), weights_bytes)
-    folder = Path(config.model)
-    if not folder.is_dir():
+    folder = Path(config.model).expanduser()
+    if not folder.exists():
         raise ModelLoadError(f"model folder {folder} does not exist (use 'builtin' or a Hugging Face checkpoint folder)")
+    if not folder.is_dir():
+        raise ModelLoadError(f"model {folder} is not a folder (give the checkpoint folder, not a file in it)")
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"{folder}: no config.json, not a Hugging Face checkpoint folder")

@@ -25,6 +25,12 @@ def test_missing_folder(tmp_path):
         load(tmp_path / "nope")
 
 
+def test_file_instead_of_folder(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match=r"config.json is not a folder \(give the checkpoint folder"):
+        load(tmp_path / "config.json")
+
+
 def test_folder_without_config(tmp_path):
     with pytest.raises(ModelLoadError, match="no config.json"):
         load(tmp_path)

@@ -144,3 +144,15 @@ def test_bad_flag_exits_2_with_one_line(capsys):
 ])
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
+
+
+def test_taken_port_is_one_line_before_loading(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as info:
+            main(["--port", str(port)])
+    assert info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"llmserve: error: cannot listen on 127.0.0.1:{port}: Address already in use"

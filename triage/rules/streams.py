@@ -44,9 +44,11 @@ class StreamRule(Rule):
         self.timeout_durations: Counter = Counter()
         self.client_durations: list[float] = []
         self.abort_metrics: list[Event] = []
+        self.handlers = {kind: getattr(self, "_" + kind.replace(".", "_")) for kind in self.kinds
+                         if hasattr(self, "_" + kind.replace(".", "_"))}
 
     def observe(self, ev: Event) -> None:
-        handler = getattr(self, "_" + ev.kind.replace(".", "_"), None)
+        handler = self.handlers.get(ev.kind)
         if handler is not None:
             handler(ev)
 

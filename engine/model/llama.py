@@ -1,6 +1,7 @@
 """Llama-family decoder (Llama, Mistral, Qwen2) in one file, with paged and cache-free forward."""
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -291,7 +292,9 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self._inv_freq: torch.Tensor | None = None
-        self._workspace = GatherWorkspace()  # gather buffers reused across layers and steps
+        # Gather buffers reused across layers and steps; per thread, since engines that share
+        # one loaded model may step in different threads.
+        self._workspaces = threading.local()
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -315,7 +318,10 @@ class CausalLM(nn.Module):
         attn: AttentionMetadata,
     ) -> torch.Tensor:
         """Paged forward over T flattened tokens; logits [num_seqs, vocab] of each last new token."""
-        plan = plan_paged(attn, self._workspace)
+        workspace = getattr(self._workspaces, "gather", None)
+        if workspace is None:
+            workspace = self._workspaces.gather = GatherWorkspace()
+        plan = plan_paged(attn, workspace)
         cos, sin = self.rope(positions)  # [T, 1, D]
         x = self.model.embed_tokens(input_ids)  # [T, hidden]
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):

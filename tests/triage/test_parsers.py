@@ -47,6 +47,7 @@ def test_nginx_upstreaminfo_access():
     f = ev.fields
     assert (ev.kind, f["status"], f["cut"], f["duration_s"], f["upstream_s"], f["upstream_addr"]) == (
         "http.access", 499, "client", 59.012, 59.011, "127.0.0.1:8000")
+    assert f["request_id"] == "3f2a"
 
 
 def test_nginx_key_value_timings():

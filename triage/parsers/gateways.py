@@ -71,6 +71,8 @@ def _nginx_tail(tail: str, fields: dict) -> None:
         fields["upstream_s"] = float(m.group("urt")) if m.group("urt") != "-" else None
         fields["upstream_addr"] = m.group("addr") if m.group("addr") != "-" else None
         fields["upstream_status"] = m.group("us")
+        if m.group("rid") and m.group("rid") != "-":
+            fields["request_id"] = m.group("rid")
         return
     kvs = dict(_TAIL_KV.findall(tail)) if "=" in tail else None
     if kvs:

@@ -128,6 +128,10 @@ def test_loadgen_client_log_and_csv():
             "chunks=7 requests.exceptions.ChunkedEncodingError: boom")
     [ev] = parse(text)
     assert (ev.kind, ev.fields["request_id"], ev.fields["elapsed_s"]) == ("client.stream_cut", "a1", 1.204)
+    with_response = text.replace("request_id=a1 ", "request_id=a1 response_id=chatcmpl-9 ").replace(
+        "kind=stream_cut", "kind=client_abort")
+    [ev] = parse(with_response)
+    assert (ev.kind, ev.fields["request_id"], ev.fields["client_request_id"]) == ("client.cancel", "chatcmpl-9", "a1")
     p = FileParser("r.csv")
     assert p.parse(1, "request_id,outcome,ttft_ms,e2e_ms") == []
     [row] = p.parse(2, "x,ok,1500,1600")

@@ -8,7 +8,8 @@ from triage.model import Event
 from triage.timeparse import parse_iso
 
 _LOADGEN_TEXT = re.compile(
-    r"^(?P<ts>\d{4}-\d\d-\d\dT[\d:.]+Z) (?P<level>[A-Z]+) loadgen request_id=(?P<rid>\S+) kind=(?P<kind>\w+) "
+    r"^(?P<ts>\d{4}-\d\d-\d\dT[\d:.]+Z) (?P<level>[A-Z]+) loadgen request_id=(?P<rid>\S+)"
+    r"(?: response_id=(?P<resp>\S+))? kind=(?P<kind>\w+) "
     r"status=(?P<status>\S+) elapsed_s=(?P<elapsed>[\d.]+) chunks=(?P<chunks>\d+) ?(?P<error>.*)$")
 # loadgen failure kinds -> the normalised client signal
 KIND_TO_SIGNAL = {
@@ -30,9 +31,10 @@ def _int(v) -> int | None:
 
 
 def loadgen_failure(kind: str, rid: str | None, status, elapsed, chunks, error: str | None,
-                    ts, file: str, lineno: int, line: str) -> Event:
-    fields = {"request_id": rid, "failure": kind, "status": _int(status), "elapsed_s": _float(elapsed),
-              "chunks": _int(chunks), "error": error or ""}
+                    ts, file: str, lineno: int, line: str, response_id: str | None = None) -> Event:
+    """The engine's id (the response id) names the request when the client knows it."""
+    fields = {"request_id": response_id or rid, "client_request_id": rid, "failure": kind,
+              "status": _int(status), "elapsed_s": _float(elapsed), "chunks": _int(chunks), "error": error or ""}
     return Event(ts, "loadgen", KIND_TO_SIGNAL.get(kind, "client.failure"), fields, file, lineno, line)
 
 
@@ -41,7 +43,8 @@ def parse_loadgen_text(line: str, file: str, lineno: int) -> Event | None:
     if m is None:
         return None
     return loadgen_failure(m.group("kind"), m.group("rid"), m.group("status"), m.group("elapsed"),
-                           m.group("chunks"), m.group("error"), parse_iso(m.group("ts")), file, lineno, line)
+                           m.group("chunks"), m.group("error"), parse_iso(m.group("ts")), file, lineno, line,
+                           m.group("resp"))
 
 
 def parse_loadgen_json(obj: dict, line: str, file: str, lineno: int) -> Event | None:
@@ -49,7 +52,8 @@ def parse_loadgen_json(obj: dict, line: str, file: str, lineno: int) -> Event | 
     ts = parse_iso(obj["ts"]) if isinstance(obj.get("ts"), str) else None
     if obj.get("logger") == "loadgen" and "kind" in obj:
         return loadgen_failure(str(obj["kind"]), obj.get("request_id"), obj.get("http_status"),
-                               obj.get("elapsed_s"), obj.get("chunks"), obj.get("error"), ts, file, lineno, line)
+                               obj.get("elapsed_s"), obj.get("chunks"), obj.get("error"), ts, file, lineno, line,
+                               obj.get("response_id"))
     if "ttft_s" in obj and ("e2e_s" in obj or "itl_s" in obj):
         return client_request(obj, ts, file, lineno, line)
     return None

@@ -121,13 +121,15 @@ def _not_ready_why(state: ServerState) -> str:
 async def start(state: ServerState, job: Job) -> None:
     """Submit the job; the engine's admission errors (queue full, too long, dead) raise here, before
     any byte is sent, so they reach the client as an HTTP status rather than a stream event."""
+    if state.events is not None:  # before the step thread can schedule it
+        state.events.track(job.request_id, job.arrival_ts)
     job.gen = state.engine.generate(job.request_id, job.prompt_ids, job.params, arrival_ts=job.arrival_ts)
     job.first = asyncio.ensure_future(anext(job.gen))
     await asyncio.sleep(0)  # the task runs generate's synchronous admission checks first
     if job.first.done() and job.first.exception() is not None:
+        if state.events is not None:
+            state.events.forget(job.request_id)
         raise job.first.exception()
-    if state.events is not None:
-        state.events.track(job.request_id, job.arrival_ts)
     state.live[job.request_id] = LiveRequest(job.request_id, job.arrival_ts, stream=job.stream)
 
 

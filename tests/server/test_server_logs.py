@@ -65,6 +65,7 @@ def test_every_event_appears_and_parses():
     for event, fields in FIELDS.items():
         for record in by_event[event]:
             assert fields <= set(record), (event, fields - set(record))
+    assert all(r["queue_s"] is not None and r["queue_s"] >= 0 for r in by_event["request.scheduled"])
     finished = by_event["request.finished"]
     assert {r["finish_reason"] for r in finished} == {"length", "abort"}
     fingerprint = next(r["prefix_fingerprint"] for r in finished if r["prompt_tokens"] >= 32)

@@ -3,12 +3,15 @@
 Built-in model, 32 requests x 128 output tokens (ignore_eos), measured three ways in one run:
 all 32 batched through the engine; one at a time through the same engine; the bare model
 forward loop at batch 32 with the same context lengths and no engine around it (the floor the
-engine can approach). Then stats on vs off, interleaved. Prints one JSON object as its last line.
+engine can approach); then two engines, stats on and off, over the same work. Paired runs go
+in lockstep (one step each in turn) so that on a shared machine a load spike hits both alike.
+Prints one JSON object as its last line.
 
     python bench/engine_throughput.py --quick
 """
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -32,68 +35,101 @@ def make_prompts(num: int, length: int) -> list[list[int]]:
     return [[(i * 37 + j * 11) % 256 for j in range(length)] for i in range(num)]
 
 
-def run_batched(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tag: str) -> tuple[float, int]:
-    """Seconds and steps to run every prompt to completion at once."""
+def run_batched(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tag: str) -> float:
+    """Seconds to run every prompt to completion at once."""
     for i, prompt in enumerate(prompts):
         engine.add_request(f"{tag}-{i}", prompt, params)
-    steps = 0
-    start = time.perf_counter()
+    start = clock()
     while engine.has_unfinished_requests():
         engine.step()
-        steps += 1
-    return time.perf_counter() - start, steps
+    return clock() - start
 
 
-def run_sequential(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> float:
-    total = 0.0
-    for i, prompt in enumerate(prompts):
-        total += run_batched(engine, [prompt], params, f"seq{i}")[0]
-    return total
-
-
-def bare_forward(loaded, prompts: list[list[int]], num_tokens: int, block_size: int, device) -> float:
+class BareForward:
     """Prefill + decode at batch B through the model alone: static block tables, greedy argmax."""
-    model = loaded.model
-    num_seqs, prompt_len = len(prompts), len(prompts[0])
-    max_len = prompt_len + num_tokens
-    blocks_per_seq = -(-max_len // block_size)
-    dtype = next(model.parameters()).dtype
-    kv_caches = allocate_kv_caches(loaded.model_config, num_seqs * blocks_per_seq, block_size, dtype, device)
-    tables = torch.arange(num_seqs * blocks_per_seq, device=device).view(num_seqs, blocks_per_seq)  # [B, nb]
-    base = (tables[:, 0] * block_size)  # [B]: each sequence's blocks are contiguous here
-    start = time.perf_counter()
-    ids = torch.tensor([t for p in prompts for t in p], device=device)  # [B * P]
-    pos = torch.arange(prompt_len, device=device).repeat(num_seqs)  # [B * P]
-    attn = AttentionMetadata(
-        slot_mapping=(base[:, None] + torch.arange(prompt_len, device=device)[None, :]).reshape(-1),
-        query_start_loc=[i * prompt_len for i in range(num_seqs + 1)],
-        context_lens=torch.full((num_seqs,), prompt_len, device=device),
-        block_tables=tables, block_size=block_size, is_decode_only=False,
-    )
-    tokens = model(ids, pos, kv_caches, attn).argmax(-1)  # [B]
-    tokens.tolist()
-    for step in range(1, num_tokens):
-        position = prompt_len + step - 1
-        attn = AttentionMetadata(
-            slot_mapping=base + position, query_start_loc=list(range(num_seqs + 1)),
-            context_lens=torch.full((num_seqs,), position + 1, device=device),
-            block_tables=tables, block_size=block_size, is_decode_only=True,
+
+    def __init__(self, loaded, prompts: list[list[int]], num_tokens: int, block_size: int, device):
+        self.model = loaded.model
+        self.prompts = prompts
+        self.num_seqs, self.prompt_len = len(prompts), len(prompts[0])
+        self.block_size = block_size
+        self.device = device
+        blocks_per_seq = -(-(self.prompt_len + num_tokens) // block_size)
+        dtype = next(self.model.parameters()).dtype
+        self.kv_caches = allocate_kv_caches(
+            loaded.model_config, self.num_seqs * blocks_per_seq, block_size, dtype, device
         )
-        tokens = model(tokens, torch.full((num_seqs,), position, device=device), kv_caches, attn).argmax(-1)
-        tokens.tolist()  # the engine needs the tokens on the host each step; so does the floor
-    return time.perf_counter() - start
+        self.tables = torch.arange(self.num_seqs * blocks_per_seq, device=device).view(self.num_seqs, -1)  # [B, nb]
+        self.base = self.tables[:, 0] * block_size  # [B]: each sequence's blocks are contiguous here
+        self.tokens: torch.Tensor | None = None
+        self.position = 0
+
+    def prefill(self) -> None:
+        b, p, device = self.num_seqs, self.prompt_len, self.device
+        attn = AttentionMetadata(
+            slot_mapping=(self.base[:, None] + torch.arange(p, device=device)[None, :]).reshape(-1),
+            query_start_loc=[i * p for i in range(b + 1)],
+            context_lens=torch.full((b,), p, device=device),
+            block_tables=self.tables, block_size=self.block_size, is_decode_only=False,
+        )
+        ids = torch.tensor([t for prompt in self.prompts for t in prompt], device=device)  # [B * P]
+        positions = torch.arange(p, device=device).repeat(b)  # [B * P]
+        self.tokens = self.model(ids, positions, self.kv_caches, attn).argmax(-1)  # [B]
+        self.tokens.tolist()  # the engine needs the tokens on the host each step; so does the floor
+        self.position = p
+
+    def decode(self) -> None:
+        b, device = self.num_seqs, self.device
+        attn = AttentionMetadata(
+            slot_mapping=self.base + self.position, query_start_loc=list(range(b + 1)),
+            context_lens=torch.full((b,), self.position + 1, device=device),
+            block_tables=self.tables, block_size=self.block_size, is_decode_only=True,
+        )
+        positions = torch.full((b,), self.position, device=device)
+        self.tokens = self.model(self.tokens, positions, self.kv_caches, attn).argmax(-1)  # [B]
+        self.tokens.tolist()
+        self.position += 1
 
 
-def stats_overhead(engine: LLMEngine, prompts, params, repeats: int) -> float:
-    """Median step time with stats on / off, runs interleaved so drift hits both alike."""
-    per_step = {True: [], False: []}
-    for r in range(repeats):
-        for log_stats in (True, False) if r % 2 == 0 else (False, True):
-            engine.log_stats = log_stats
-            seconds, steps = run_batched(engine, prompts, params, f"st{r}{log_stats}")
-            per_step[log_stats].append(seconds / steps)
-    engine.log_stats = True
-    return statistics.median(per_step[True]) / statistics.median(per_step[False])
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = time.perf_counter
+
+
+def timed(fn) -> float:
+    start = clock()
+    fn()
+    return clock() - start
+
+
+def engine_vs_forward(engine, loaded, prompts, params, device) -> tuple[float, float]:
+    """Engine and bare forward in lockstep, one step each in turn, so load spikes hit both alike."""
+    bare = BareForward(loaded, prompts, params.max_tokens, engine.config.block_size, device)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"lockstep-{i}", prompt, params)
+    engine_s = timed(engine.step)  # prefills all 32 prompts (they fit in max_num_batched_tokens)
+    forward_s = timed(bare.prefill)
+    while engine.has_unfinished_requests():
+        engine_s += timed(engine.step)
+        forward_s += timed(bare.decode)
+    return engine_s, forward_s
+
+
+def stats_overhead(loaded, config, prompts, params) -> float:
+    """Median over step pairs of step time with stats on / off: two engines over the same work,
+    stepped in turn (order alternating), so each pair shares the machine's momentary load."""
+    on = LLMEngine(config, loaded=loaded)
+    off = LLMEngine(dataclasses.replace(config, log_stats=False), loaded=loaded)
+    for engine in (on, off):
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"stats-{i}", prompt, params)
+    ratios = []
+    while on.has_unfinished_requests():
+        if len(ratios) % 2 == 0:
+            on_s, off_s = timed(on.step), timed(off.step)
+        else:
+            off_s, on_s = timed(off.step), timed(on.step)
+        ratios.append(on_s / off_s)
+    return statistics.median(ratios)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,30 +141,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default=None,
+                        help="cpu: process CPU time, immune to other processes' load (default on CPU); "
+                             "wall: elapsed time (default on CUDA, where work is asynchronous)")
     args = parser.parse_args(argv)
+    global clock
+    clock_name = args.clock or ("wall" if args.device.startswith("cuda") else "cpu")
+    clock = CLOCKS[clock_name]
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = EngineConfig(device=args.device, dtype=args.dtype, max_num_seqs=max(64, args.num_requests))
+    num_blocks = 2 * args.num_requests * -(-(args.prompt_tokens + args.output_tokens) // 16)
+    config = EngineConfig(device=args.device, dtype=args.dtype, max_num_seqs=max(64, args.num_requests),
+                          num_kv_blocks=num_blocks)
     loaded = load_model(config)
     engine = LLMEngine(config, loaded=loaded)
     device = next(loaded.model.parameters()).device
     params = SamplingParams(max_tokens=args.output_tokens, temperature=0.0, ignore_eos=True)
     prompts = make_prompts(args.num_requests, args.prompt_tokens)
     num_tokens = args.num_requests * args.output_tokens
-    run_batched(engine, prompts[:4], SamplingParams(max_tokens=4, ignore_eos=True), "warmup")
-    bare_forward(loaded, prompts, 4, config.block_size, device)
+    warmup = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    engine_vs_forward(engine, loaded, prompts, warmup, device)
 
-    # Batched engine and bare forward interleaved, best of N: on a shared machine the minimum is
-    # the run least disturbed by other processes, for both alike.
-    forward_runs, batched_runs = [], []
-    for r in range(2 if args.quick else 3):
-        forward_runs.append(bare_forward(loaded, prompts, args.output_tokens, config.block_size, device))
-        batched_runs.append(run_batched(engine, prompts, params, f"batched{r}")[0])
-    forward_s, batched_s = min(forward_runs), min(batched_runs)
+    batched_s, forward_s = engine_vs_forward(engine, loaded, prompts, params, device)
     num_sequential = 3 if args.quick else args.num_requests
-    sequential_s = run_sequential(engine, prompts[:num_sequential], params)
-    stats_params = SamplingParams(max_tokens=16 if args.quick else 64, temperature=0.0, ignore_eos=True)
-    ratio_stats = stats_overhead(engine, prompts, stats_params, repeats=6 if args.quick else 10)
+    sequential_s = sum(
+        run_batched(engine, [prompt], params, f"seq{i}") for i, prompt in enumerate(prompts[:num_sequential])
+    )
+    stats_params = SamplingParams(max_tokens=32 if args.quick else args.output_tokens, temperature=0.0, ignore_eos=True)
+    ratio_stats = stats_overhead(loaded, config, prompts, stats_params)
 
     batched_tok_s = num_tokens / batched_s
     sequential_tok_s = num_sequential * args.output_tokens / sequential_s
@@ -137,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "engine_throughput",
         "device": str(device),
         "threads": torch.get_num_threads(),
+        "clock": clock_name,
         "num_requests": args.num_requests,
         "output_tokens": args.output_tokens,
         "num_sequential_measured": num_sequential,

@@ -25,7 +25,7 @@ class UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2 (argparse's own convention)
-        self.exit(2, f"llmtriage: {message} (see llmtriage {self.prog.split()[-1]} --help)\n")
+        self.exit(2, f"llmtriage: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -88,3 +88,10 @@ def test_finding_ids_have_runbooks_and_docs():
         assert [s for s in ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation") if s in text] == [
             "## Meaning", "## Impact", "## Diagnosis", "## Mitigation"], fid
         assert f"`{fid}`" in doc
+
+
+def test_missing_arguments_name_the_subcommand(run_cli):
+    assert run_cli() == (2, "", "llmtriage: the following arguments are required: command (see llmtriage --help)\n")
+    code, _, err = run_cli("diagnose")
+    assert (code, err) == (2, "llmtriage: the following arguments are required: PATH "
+                              "(see llmtriage diagnose --help)\n")

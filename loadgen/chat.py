@@ -190,15 +190,18 @@ class ChatUser(HttpUser):
         gevent.sleep(1.0)  # the server is not there: do not spin
 
     def _fire(self, record: RequestRecord, name: str) -> None:
-        if record.outcome is not Outcome.OK:
-            return  # failures show on the POST row, by kind
+        """Failures show on the POST row, by kind; a cancelled stream still has a real TTFT and ITL."""
+        if record.outcome not in (Outcome.OK, Outcome.ABORTED):
+            return
         length = record.output_tokens or 0
         if record.ttft_s is not None:
             self._event("TTFT", name, record.ttft_s, None, length)
-        if record.tpot_s is not None:
-            self._event("TPOT", name, record.tpot_s, None, length)
         for gap in record.itl_s:
             self._event("ITL", name, gap, None, 0)
+        if record.outcome is Outcome.ABORTED:
+            return
+        if record.tpot_s is not None:
+            self._event("TPOT", name, record.tpot_s, None, length)
         if record.e2e_s is not None:
             self._event("E2E", name, record.e2e_s, None, length)
 

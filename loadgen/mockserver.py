@@ -129,9 +129,13 @@ class MockServer:
         method, path, _ = lines[0].split(" ", 2)
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
         body = await reader.readexactly(int(headers.get("content-length", 0)))
-        if method == "GET" and path == "/stats":  # benchmarks: the server's own lateness, drained on read
-            lags, self.stats.first_token_lag_s = self.stats.first_token_lag_s, []
-            await _send_json(writer, 200, {"num_requests": self.stats.num_requests, "first_token_lag_s": lags})
+        if method == "GET" and path == "/stats":  # tests and benchmarks; the lateness list drains on read
+            st = self.stats
+            lags, st.first_token_lag_s = st.first_token_lag_s, []
+            await _send_json(writer, 200, {"num_requests": st.num_requests, "modes": dict(st.modes),
+                                           "num_disconnects": st.num_disconnects, "prompts": st.prompts,
+                                           "prompt_words": st.prompt_words, "max_tokens": st.max_tokens,
+                                           "first_token_lag_s": lags})
             return True
         if method == "GET" and path == "/v1/models":
             card = {"id": self.config.model, "object": "model", "created": 0, "owned_by": "loadgen-mock",
@@ -258,12 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-tokens", type=int, default=16)
     parser.add_argument("--faults", default="ok", help=f"comma list of {', '.join(FAULTS)}")
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--fault-after-tokens", type=int, default=3)
     args = parser.parse_args(argv)
     faults = tuple(args.faults.split(","))
     if bad := [f for f in faults if f not in FAULTS]:
         parser.error(f"--faults: unknown {', '.join(bad)}; choose from {', '.join(FAULTS)}")
     config = MockConfig(ttft_s=args.ttft_ms / 1000, itl_s=args.itl_ms / 1000, output_tokens=args.output_tokens,
-                        faults=faults, max_model_len=args.max_model_len)
+                        faults=faults, max_model_len=args.max_model_len,
+                        fault_after_tokens=args.fault_after_tokens)
 
     async def serve() -> None:
         server = MockServer(config)

@@ -2,7 +2,9 @@
 
 Percentiles are numpy's linear ones over the raw per-request values (Locust rounds its own), in
 seconds at full precision. Only successful requests enter latency statistics and throughput,
-as in vLLM's `bench serve`; goodput counts those meeting every SLO given (DistServe's definition).
+as in vLLM's `bench serve`, except that TTFT and ITL also count the streams the abort profile
+cancelled (what they saw before cancelling is real); goodput counts requests meeting every SLO
+given (DistServe's definition).
 """
 
 import csv
@@ -90,6 +92,7 @@ def prefix_cache_section(ok: list[RequestRecord], info: RunInfo) -> dict:
 def summarize(records: list[RequestRecord], info: RunInfo) -> dict:
     ok = [r for r in records if r.outcome is Outcome.OK]
     failed = [r for r in records if r.outcome is Outcome.FAILED]
+    timed = ok + [r for r in records if r.outcome is Outcome.ABORTED]  # a cancelled stream's TTFT and ITL are real
     start, end = run_window(records) if records else (0.0, 0.0)
     duration_s = end - start
     per_s = (lambda n: n / duration_s) if duration_s > 0 else (lambda n: None)
@@ -105,9 +108,9 @@ def summarize(records: list[RequestRecord], info: RunInfo) -> dict:
         "num_aborted": sum(1 for r in records if r.outcome is Outcome.ABORTED),
         "num_incomplete": sum(1 for r in records if r.outcome is Outcome.INCOMPLETE),
         "failures": {k.value: sum(1 for r in failed if r.failure_kind is k) for k in FailureKind},
-        "ttft_s": distribution([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "ttft_s": distribution([r.ttft_s for r in timed if r.ttft_s is not None]),
         "tpot_s": distribution([r.tpot_s for r in ok if r.tpot_s is not None]),
-        "itl_s": distribution([gap for r in ok for gap in r.itl_s]),
+        "itl_s": distribution([gap for r in timed for gap in r.itl_s]),
         "e2e_s": distribution([r.e2e_s for r in ok if r.e2e_s is not None]),
         "client_queue_s": distribution([r.client_queue_s for r in ok]),
         "request_throughput_rps": per_s(len(ok)),

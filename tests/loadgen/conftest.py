@@ -6,9 +6,17 @@ import os
 # tests only need its classes. Subprocess runs get a clean environment without this variable.
 os.environ.setdefault("LOCUST_SKIP_MONKEY_PATCH", "1")
 
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
 import pytest  # noqa: E402
+import requests  # noqa: E402
 
 from loadgen.mockserver import MockConfig, MockServer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -25,3 +33,36 @@ def mock_server():
     yield start
     for server in servers:
         server.stop()
+
+
+class MockProcess:
+    """The mock server in its own process: its timing never waits for this process's GIL."""
+
+    def __init__(self, ttft_s: float, itl_s: float, faults: tuple[str, ...] = ("ok",)):
+        argv = [sys.executable, "-m", "loadgen.mockserver", "--port", "0", "--ttft-ms", str(ttft_s * 1000),
+                "--itl-ms", str(itl_s * 1000), "--faults", ",".join(faults)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO)
+        line = self.proc.stdout.readline()  # "mockserver listening on http://127.0.0.1:PORT"
+        self.port = int(line.rsplit(":", 1)[1])
+
+    @property
+    def stats(self) -> SimpleNamespace:
+        return SimpleNamespace(**requests.get(f"http://127.0.0.1:{self.port}/stats", timeout=10).json())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def mock_process():
+    """Factory: start the mock server as a subprocess (for timing-exact end-to-end runs)."""
+    procs: list[MockProcess] = []
+
+    def start(**kwargs) -> MockProcess:
+        procs.append(MockProcess(**kwargs))
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        proc.stop()

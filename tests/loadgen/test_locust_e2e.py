@@ -21,8 +21,8 @@ def locust_args(port: int, report_dir, *extra: str) -> list[str]:
     return ["--host", f"http://127.0.0.1:{port}", "--report-dir", str(report_dir), *extra]
 
 
-def test_measured_ttft_and_itl_match_the_injected_delays(mock_server, tmp_path):
-    server = mock_server(ttft_s=0.2, itl_s=0.05)
+def test_measured_ttft_and_itl_match_the_injected_delays(mock_process, tmp_path):
+    server = mock_process(ttft_s=0.2, itl_s=0.05)
     dataset = tmp_path / "sharegpt.json"
     dataset.write_text(json.dumps(DATASET))
     proc = run_locust(locust_args(server.port, tmp_path / "rep", "-u", "4", "-r", "4", "-t", "4s",
@@ -41,8 +41,9 @@ def test_measured_ttft_and_itl_match_the_injected_delays(mock_server, tmp_path):
     for key in ("p50", "p90", "p95", "p99"):
         assert isinstance(s["ttft_s"][key], float)
     # Every prompt came from the dataset, every request asked for exactly 8 tokens.
-    assert set(server.stats.prompts) <= {"alpha question about paging", "beta question about prefix caching"}
-    assert set(server.stats.max_tokens) == {8}
+    stats = server.stats
+    assert set(stats.prompts) <= {"alpha question about paging", "beta question about prefix caching"}
+    assert set(stats.max_tokens) == {8}
     assert "| TTFT |" in (tmp_path / "rep" / SUMMARY_MD).read_text()
     rows = list(csv.DictReader(open(tmp_path / "rep" / REQUESTS_CSV)))
     assert len(rows) == s["num_requests"]
@@ -52,14 +53,15 @@ def test_measured_ttft_and_itl_match_the_injected_delays(mock_server, tmp_path):
     assert {("TTFT", "chat"), ("TPOT", "chat"), ("ITL", "chat"), ("E2E", "chat"), ("POST", "chat")} <= stats_rows
 
 
-def test_failures_are_counted_by_kind_and_cut_streams_never_succeed(mock_server, tmp_path):
-    server = mock_server(ttft_s=0.02, itl_s=0.01, faults=("ok", "cut", "error", "http503", "nodone"))
+def test_failures_are_counted_by_kind_and_cut_streams_never_succeed(mock_process, tmp_path):
+    server = mock_process(ttft_s=0.02, itl_s=0.01, faults=("ok", "cut", "error", "http503", "nodone"))
     log = tmp_path / "client.log"
     proc = run_locust(locust_args(server.port, tmp_path, "-u", "3", "-r", "3", "-t", "2s", "--output-tokens", "6",
                                   "--client-log", str(log)), tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]  # Locust's exit code when requests failed
     s = read_summary(tmp_path)
     modes = server.stats.modes
+    modes = {k: modes.get(k, 0) for k in ("ok", "cut", "error", "http503", "nodone")}
     assert s["num_requests"] == sum(modes.values()) and s["num_incomplete"] == 0
     assert s["num_succeeded"] == modes["ok"]
     assert s["failures"] == {"stream_cut": modes["cut"] + modes["nodone"], "error_event": modes["error"],
@@ -70,22 +72,25 @@ def test_failures_are_counted_by_kind_and_cut_streams_never_succeed(mock_server,
     assert sum("kind=http_status status=503" in line for line in lines) == modes["http503"]
 
 
-def test_abort_profile_counts_intentional_cancels_not_failures(mock_server, tmp_path):
-    server = mock_server(ttft_s=0.02, itl_s=0.02)
+def test_abort_profile_counts_intentional_cancels_not_failures(mock_process, tmp_path):
+    server = mock_process(ttft_s=0.02, itl_s=0.02)
     proc = run_locust(locust_args(server.port, tmp_path, "-u", "2", "-r", "2", "-t", "2s", "--profile", "abort",
                                   "--abort-after-tokens", "2", "--output-tokens", "50", "--prompt-tokens", "40"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = read_summary(tmp_path)
     assert s["profile"] == "abort"
-    assert s["num_aborted"] == s["num_requests"] == server.stats.num_requests > 0
+    stats = server.stats
+    assert s["num_aborted"] == s["num_requests"] == stats.num_requests > 0
     assert s["num_failed"] == 0
+    assert s["ttft_s"]["count"] == s["num_aborted"] and s["itl_s"]["count"] == s["num_aborted"]  # 2 chunks: 1 gap
+    assert s["e2e_s"]["count"] == 0
     # The mock counts one token per word, so the calibrated generator hits the asked length exactly.
-    assert set(server.stats.prompt_words) == {40}
+    assert set(stats.prompt_words) == {40}
 
 
-def test_poisson_is_open_loop_and_counts_latency_from_the_scheduled_send(mock_server, tmp_path):
+def test_poisson_is_open_loop_and_counts_latency_from_the_scheduled_send(mock_process, tmp_path):
     # One in flight at most, ~0.1 s each, 20 arrivals per second: the client falls behind the schedule.
-    server = mock_server(ttft_s=0.05, itl_s=0.025)
+    server = mock_process(ttft_s=0.05, itl_s=0.025)
     proc = run_locust(locust_args(server.port, tmp_path, "-t", "2s", "--profile", "poisson", "--rate", "20",
                                   "--max-concurrency", "1", "--output-tokens", "3", "--seed", "3"), tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -97,8 +102,8 @@ def test_poisson_is_open_loop_and_counts_latency_from_the_scheduled_send(mock_se
     assert s["ttft_s"]["p90"] > 0.2
 
 
-def test_processes_merge_worker_records_into_one_report(mock_server, tmp_path):
-    server = mock_server(ttft_s=0.05, itl_s=0.02)
+def test_processes_merge_worker_records_into_one_report(mock_process, tmp_path):
+    server = mock_process(ttft_s=0.05, itl_s=0.02)
     proc = run_locust(locust_args(server.port, tmp_path, "--processes", "2", "-u", "4", "-r", "4", "-t", "2s",
                                   "--profile", "shared-prefix", "--prefix-tokens", "64", "--prompt-tokens", "8",
                                   "--output-tokens", "4"), tmp_path)

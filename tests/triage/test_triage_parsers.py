@@ -190,3 +190,9 @@ def test_signatures_with_cause(line, kind, cause):
 ])
 def test_startup_phase_markers(line, kind):
     assert kinds(line) == [kind]
+
+
+def test_prompt_text_is_not_scanned_for_errors():
+    line = ("(APIServer pid=1) INFO 10-02 11:00:01 [logger.py:43] Received request chatcmpl-1: prompt: 'Why do I get "
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB?', params: SamplingParams(n=1)")
+    assert kinds(line) == ["request.received"]

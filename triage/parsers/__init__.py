@@ -111,6 +111,8 @@ class FileParser:
         ts, msg, source = text_logs.split_envelope(line)
         events = [Event(ts, source, kind, fields, self.file, lineno, line)
                   for kind, fields in text_logs.engine_text_events(msg)]
+        if events and events[0].kind == "request.received":
+            return events  # a logged prompt is user text: "CUDA out of memory" in it is a question, not an error
         events.extend(self._signature_events(ts, msg, source, lineno, line))
         return events
 

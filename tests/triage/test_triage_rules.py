@@ -88,3 +88,13 @@ def test_oom_before_crash_before_cut_streams():
         event("client.stream_cut", t=2, source="text"),
     ]
     assert [f.id for f in run(events)] == ["oom-runtime", "engine-crash"]
+
+
+def test_rare_disconnects_in_a_busy_log_and_one_short_queue_are_not_incidents():
+    busy = _served(300) + [event("http.access", t=30, source="nginx-access", status=499, cut="client",
+                                 duration_s=3.2, request_id="x")]
+    assert run(busy) == []
+    one_snapshot = [event("engine.stats", t=0, running=8, waiting=9, kv_usage=0.3)]
+    assert run(one_snapshot) == []
+    deep = [event("engine.stats", t=0, running=64, waiting=500, kv_usage=0.3)]
+    assert [(f.id, f.confidence) for f in run(deep)] == [("queue-backlog", Confidence.MEDIUM)]

@@ -5,6 +5,7 @@ from triage.rules import Candidate, Facts, Rule, request_ids_of
 
 SLOW_QUEUE_S = 1.0  # a request that waited this long before its first schedule was queued, not served
 KV_FULL = 0.9
+DEEP_QUEUE = 32
 MINOR_PREEMPTION_SHARE = 0.05  # below this share of requests, preemption is a side note in a big run
 
 EXPLAIN_PREEMPT = (
@@ -45,6 +46,7 @@ class LoadRule(Rule):
         self.num_preemptions = 0
         self.num_slow_queue = 0
         self.max_waiting = 0.0
+        self.num_waiting_obs = 0  # stats lines or series showing a queue of 4 or more
 
     def observe(self, ev: Event) -> None:
         kind, f = ev.kind, ev.fields
@@ -87,6 +89,7 @@ class LoadRule(Rule):
         waiting = f.get("waiting") or 0
         self.max_waiting = max(self.max_waiting, waiting)
         if waiting >= 4 and waiting >= (f.get("running") or 0):
+            self.num_waiting_obs += 1
             self.queue.add(ev, "stats.waiting", False)
 
     def _metric(self, ev: Event) -> None:
@@ -102,6 +105,7 @@ class LoadRule(Rule):
             self.preempt.add(ev, "metric.kv_usage_high", False)
         elif name == "waiting" and f["max"] >= 4:
             self.max_waiting = max(self.max_waiting, f["max"])
+            self.num_waiting_obs += 1
             self.queue.add(ev, "metric.waiting", False)
         elif name == "rejected_total" and f["labels"].get("reason") == "queue_full" and f["increase"] > 0:
             self.queue.add(ev, "metric.rejected_queue_full", True)
@@ -128,10 +132,11 @@ class LoadRule(Rule):
         """Slow first schedules alone can be slow steps; a backlog needs a waiting queue or refusals."""
         q = self.queue
         slow_enough = self.num_slow_queue >= max(3, 0.1 * n)
-        queued = self.max_waiting >= 4
-        if q.num_decisive or (slow_enough and queued):
+        # One snapshot of a short queue is ordinary; a queue seen twice, or a deep one, is a backlog.
+        sustained = self.num_waiting_obs >= 2 or self.max_waiting >= DEEP_QUEUE
+        if q.num_decisive or (slow_enough and self.num_waiting_obs):
             confidence = Confidence.HIGH
-        elif queued:
+        elif sustained:
             confidence = Confidence.MEDIUM
         else:
             return []

@@ -3,7 +3,8 @@
 from triage.model import Confidence, Finding
 
 BUFFER_MIN_GAP_S = 0.25  # client TTFT this much above the engine's, and
-BUFFER_MIN_RATIO = 3.0  # this many times it, means something between them held the tokens back
+BUFFER_MIN_RATIO = 3.0
+RARE_DISCONNECT_SHARE = 0.01  # this many times it, means something between them held the tokens back
 
 STEPS_CRASH = [
     "read the engine log just before the first connection refused: the fatal error and its traceback",
@@ -78,6 +79,8 @@ def client_finding(rule, facts) -> Finding | None:
     c = rule.client
     if rule.in_shutdown_tail(facts):
         return None
+    if facts.num_requests >= 100 and c.num_decisive < RARE_DISCONNECT_SHARE * facts.num_requests:
+        return None  # a tab closed now and then in a busy log is not an incident
     if not c.num_decisive:
         if rule.timeout.num_decisive or rule.crash.num_decisive or not rule.engine_aborts:
             return None

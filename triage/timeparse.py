@@ -33,8 +33,20 @@ def parse_iso(s: str) -> datetime | None:
         return ts  # type: ignore[return-value]
     if len(_ISO_CACHE) > 4096:
         _ISO_CACHE.clear()
-    ts = _ISO_CACHE[s] = _parse_iso(s)
+    ts = _ISO_CACHE[s] = _from_iso_c(s)
     return ts
+
+
+def _from_iso_c(s: str) -> datetime | None:
+    """datetime.fromisoformat (C) for the common shapes; the slicing parser for the rest (9-digit fractions)."""
+    try:
+        dt = datetime.fromisoformat(s)
+    except ValueError:
+        return _parse_iso(s)
+    if dt.tzinfo is not None:
+        offset = dt.utcoffset()
+        dt = dt.replace(tzinfo=None) - offset if offset else dt.replace(tzinfo=None)
+    return dt
 
 
 def _parse_iso(s: str) -> datetime | None:

@@ -3,8 +3,12 @@
 import os
 
 # Importing locust monkey-patches the whole pytest process (threads become greenlets); the in-process
-# tests only need its classes. Subprocess runs get a clean environment without this variable.
-os.environ.setdefault("LOCUST_SKIP_MONKEY_PATCH", "1")
+# tests only need its classes. So it is imported once here with patching off, then the variable goes:
+# other tests' subprocesses (game days run Locust) must not inherit it.
+os.environ["LOCUST_SKIP_MONKEY_PATCH"] = "1"
+import locust  # noqa: E402, F401
+
+del os.environ["LOCUST_SKIP_MONKEY_PATCH"]
 
 import subprocess  # noqa: E402
 import sys  # noqa: E402

@@ -12,7 +12,7 @@ LOCUST = Path(sys.executable).parent / "locust"
 
 def run_locust(args: list[str], cwd: Path, timeout_s: float = 90) -> subprocess.CompletedProcess:
     """`locust -f loadgen/chat.py --headless ...`; returns the finished process (output in .stdout)."""
-    env = {k: v for k, v in os.environ.items() if k != "LOCUST_SKIP_MONKEY_PATCH"}
+    env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [str(LOCUST), "-f", str(REPO / "loadgen" / "chat.py"), "--headless", "--only-summary",
            "--stop-timeout", "10", *args]

@@ -1,6 +1,6 @@
 """SSE framing and token timing of one OpenAI-style stream, fed raw bytes with their arrival times.
 
-Definitions (vLLM's, see docs/loadgen.md): TTFT is the first chunk carrying non-empty content (a
+Definitions (see docs/loadgen.md): TTFT is the first chunk carrying non-empty content (a
 role-only or empty first chunk does not count); ITL is every gap between consecutive content chunks;
 E2E ends at the last content chunk; the trailing usage chunk only supplies token counts.
 """

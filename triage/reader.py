@@ -11,7 +11,6 @@ from pathlib import Path
 
 MAX_LINE_BYTES = 1 << 20  # longer lines are cut here (characters once decoded) (a single-huge-line file keeps memory flat)
 SNIFF_BYTES = 8192
-BLOCK_CHARS = 1 << 20
 
 
 class InputError(Exception):
@@ -94,46 +93,27 @@ def read_lines(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
         yield from _read_utf8(handle, path, notes)
 
 
-def _blocks(text, path: Path, notes: Notes) -> Iterator[str]:
-    """Decoded blocks of about 1 MiB; a read error ends the file with a note."""
+def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
+    """Decoding in C through TextIOWrapper; undecodable bytes become U+FFFD and are noted once."""
+    text = io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="")
+    readline = text.readline
+    lineno = 0
+    bad_encoding = cut = False
     while True:
         try:
-            block = text.read(BLOCK_CHARS)
+            line = readline(MAX_LINE_BYTES)
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
-            notes.add(f"{path}: truncated or corrupt, read up to the error ({exc or 'unexpected end'})")
-            return
-        if not block:
-            return
-        yield block
-
-
-def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
-    """Block reads decoded in C and split on newlines; undecodable bytes become U+FFFD (noted once)."""
-    text = io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="")
-    lineno = 0
-    carry = ""
-    bad_encoding = cut = skipping = False
-    for block in _blocks(text, path, notes):
-        if "\ufffd" in block:
-            bad_encoding = True
-        if skipping:  # the rest of a line already cut at MAX_LINE_BYTES
-            end = block.find("\n")
-            if end < 0:
-                continue
-            block, skipping = block[end + 1:], False
-        parts = (carry + block).split("\n")
-        carry = parts.pop()
-        for part in parts:
-            lineno += 1
-            yield lineno, part[:MAX_LINE_BYTES].rstrip("\r")
-            cut = cut or len(part) > MAX_LINE_BYTES
-        if len(carry) > MAX_LINE_BYTES:
-            lineno += 1
-            yield lineno, carry[:MAX_LINE_BYTES]
-            carry, skipping, cut = "", True, True
-    if carry:
+            notes.add(f"{path}: truncated or corrupt after line {lineno} ({exc or 'unexpected end'})")
+            break
+        if not line:
+            break
         lineno += 1
-        yield lineno, carry.rstrip("\r")
+        if len(line) >= MAX_LINE_BYTES and not line.endswith("\n"):
+            cut = True
+            _skip_rest_of_line(readline)
+        if "\ufffd" in line:
+            bad_encoding = True
+        yield lineno, line.rstrip("\r\n")
     text.detach()
     notes.num_lines_read += lineno
     if bad_encoding:
@@ -142,6 +122,16 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
         notes.add(f"{path}: lines longer than {MAX_LINE_BYTES} characters were cut")
     if lineno == 0:
         notes.add(f"{path}: empty")
+
+
+def _skip_rest_of_line(readline) -> None:
+    while True:
+        try:
+            chunk = readline(MAX_LINE_BYTES)
+        except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
+            return
+        if not chunk or chunk.endswith("\n"):
+            return
 
 
 def _read_utf16(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:

@@ -42,6 +42,9 @@ EXPLAIN = {
                        "installed (or the driver and its library disagree); errors that follow, including "
                        "out-of-memory-looking ones, are symptoms.",
 }
+HOST_NOTE = (" Here host memory ran out (the kernel's OOM killer or a container limit, exit code 137), not "
+             "the GPU: staging weights in CPU memory is the usual peak.")
+HOST_STEP = "raise the container or host memory limit (kubectl describe pod: Limits, Last State OOMKilled)"
 NEXT_STEPS = {
     "oom-weights": ["llmtriage plan --model <model dir> --gpu-memory <GiB> (weights vs memory)",
                     "use a quantized checkpoint or --dtype bfloat16/float16 instead of float32",
@@ -168,7 +171,11 @@ class MemoryRule(Rule):
                 cand.add(self.gpu_full, "nvidia-smi.memory_full", False)
             if fid.startswith("oom") and self.cands["driver-mismatch"]:
                 cand.counter.append("a CUDA driver/runtime mismatch was also seen: it may be the real cause")
-            out.append(cand.finding(TITLES[fid], EXPLAIN[fid], NEXT_STEPS[fid], confidence))
+            explain, steps = EXPLAIN[fid], NEXT_STEPS[fid]
+            if any(g.signal == "oom.host" for g in cand.evidence.groups.values()):
+                explain += HOST_NOTE
+                steps = [HOST_STEP, *steps]
+            out.append(cand.finding(TITLES[fid], explain, steps, confidence))
         return out
 
     def _driver_versions(self) -> None:

@@ -13,17 +13,20 @@ from gameday import dashboards, verdict
 from gameday.checks import AlertWatcher, run_triage
 from gameday.errors import GamedayError
 from gameday.load import start_phase
+from gameday.procs import wait_until
 from gameday.scenarios import Scenario
 from gameday.stack import (
     REPO_ROOT,
     Stack,
     new_stack,
     start_engine,
-    start_gateway_and_prometheus,
+    start_gateway,
+    start_prometheus_stack,
     wait_engine_exit,
     wait_engines_ready,
 )
 
+PROBE_TIMEOUT_S = 120.0  # Locust's start-up plus one cold ~1000-token prefill on a busy CPU
 LOAD_GRACE_S = 60.0  # Locust's own stop plus report writing, beyond the phase's run time
 # Kept in series.json for each run: what the alerts read, second by second.
 RECORDED_SERIES = ("up", "llm:requests_running", "llm:requests_waiting", "llm:kv_cache_usage:ratio",
@@ -70,19 +73,45 @@ def _bring_up(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) ->
     else:
         code = wait_engine_exit(stack.engines[0])
         log.add(start_ts, f"engine-0 refused to start, exit code {code}")
-    start_gateway_and_prometheus(stack, scenario.proxy_read_timeout_s, scenario.proxy_buffering,
-                                 fake_gpu=scenario.probe_dashboards)
-    log.add(start_ts, f"nginx on {stack.gateway_url}, Prometheus on {stack.prom_url}")
-    if stack.prom is not None and scenario.engine_starts:
+    start_gateway(stack, scenario.proxy_read_timeout_s, scenario.proxy_buffering)
+    log.add(start_ts, f"nginx on {stack.gateway_url}")
+
+
+def _observe(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) -> AlertWatcher:
+    """Exporter, Prometheus and the alert watcher. Started once Locust's calibration probe is done:
+    a cold ~1000-token prefill takes seconds on a CPU, and inside the drill's one-minute windows
+    that one request would breach the TTFT objective (counters already there at the first scrape
+    are not counted by rate())."""
+    start_prometheus_stack(stack, fake_gpu=scenario.probe_dashboards)
+    log.add(start_ts, f"Prometheus on {stack.prom_url}")
+    assert stack.prom is not None
+    if scenario.engine_starts:
         stack.prom.wait_scraped("llm-engine", scenario.num_replicas)
+    watcher = AlertWatcher(stack.prom, start_ts)
+    watcher.start()
+    return watcher
 
 
-def _run_load(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) -> None:
+def _wait_probe_done(stack: Stack, proc) -> None:
+    """Locust's first request is its calibration probe; nginx logs it when it completes."""
+    access = stack.logs_dir / "nginx" / "access.log"
+    wait_until(lambda: access.exists() and "POST /v1/" in access.read_text(errors="replace"), proc,
+               PROBE_TIMEOUT_S, "Locust's calibration probe")
+
+
+def _run_load(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) -> AlertWatcher:
+    if not scenario.phases:
+        return _observe(stack, scenario, start_ts, log)
+    watcher: AlertWatcher | None = None
     load_start = time.monotonic()
     pending = sorted(scenario.faults, key=lambda f: f.at_s)
     for index, phase in enumerate(scenario.phases):
         proc = start_phase(stack.sup, phase, index, stack.gateway_url, stack.report_dir)
         log.add(start_ts, f"load phase {index}: {phase.profile}, {phase.users} users, {phase.run_time_s}s")
+        if watcher is None:
+            _wait_probe_done(stack, proc)
+            watcher = _observe(stack, scenario, start_ts, log)
+            load_start = time.monotonic()  # harness faults are timed from here: Prometheus is watching
         deadline = time.monotonic() + phase.run_time_s + LOAD_GRACE_S
         while proc.alive():
             if pending and time.monotonic() - load_start >= pending[0].at_s:
@@ -92,6 +121,8 @@ def _run_load(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) ->
                 raise GamedayError(f"load phase {index} ({phase.profile}) did not stop within its run time")
             time.sleep(0.2)
         log.add(start_ts, f"load phase {index} ended, locust exit code {proc.returncode}")
+    assert watcher is not None
+    return watcher
 
 
 def _inject(stack: Stack, fault, start_ts: float, log: RunLog) -> None:
@@ -117,10 +148,7 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
     triage = None
     try:
         _bring_up(stack, scenario, start_ts, log)
-        assert stack.prom is not None
-        watcher = AlertWatcher(stack.prom, start_ts)
-        watcher.start()
-        _run_load(stack, scenario, start_ts, log)
+        watcher = _run_load(stack, scenario, start_ts, log)
         if scenario.expected_alerts:
             watcher.wait_for(scenario.expected_alerts, scenario.alert_wait_s)
         else:

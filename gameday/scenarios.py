@@ -23,7 +23,7 @@ class Fault:
     """An action the harness itself takes during the load (not an llmserve flag)."""
 
     kind: str  # "kill-replica": SIGKILL engine replica `replica`
-    at_s: float  # seconds after the load started
+    at_s: float  # seconds after Prometheus started watching the load
     replica: int = 0
 
 
@@ -34,7 +34,7 @@ class Scenario:
     engine_flags: list[str] = field(default_factory=list)
     num_replicas: int = 1
     proxy_read_timeout_s: float = 60.0
-    proxy_buffering: bool = False
+    proxy_buffering: bool = False  # on: nginx's defaults (buffering, HTTP/1.0 upstream), X-Accel ignored
     phases: list[LoadPhase] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     # Each inner list is one expectation met by any of its alerts ("A or B").
@@ -48,8 +48,8 @@ class Scenario:
     settle_s: float = 4.0  # healthy runs: how long to keep watching after the load (nothing fires)
     ci: bool = False  # part of the fast subset in make test
     probe_dashboards: bool = False  # run every dashboard panel query at the end (dashboards.json)
-    # proxy-buffering: the engine's mean inter-token gap over the client's median gap must reach this
-    min_burst_ratio: float | None = None
+    # proxy-buffering: the client's TTFT p50 over the engine's own mean TTFT must reach this
+    min_client_ttft_ratio: float | None = None
 
 
 # Default prompt and answer sizes keep a CPU step short; the scenario flags make the fault.
@@ -96,8 +96,9 @@ SCENARIOS: list[Scenario] = [
         phases=[LoadPhase("abort", users=2, run_time_s=20, extra_args=["--output-tokens", "128", "--prompt-tokens", "64"])],
         expected_alerts=[["LLMStreamAbortsHigh"]], expected_finding="stream-cut-client-disconnect", ci=True),
     Scenario(
-        name="proxy-buffering", summary="nginx proxy_buffering on: the engine is healthy, clients see tokens late",
-        proxy_buffering=True, min_burst_ratio=5.0,
+        name="proxy-buffering",
+        summary="nginx defaults (proxy_buffering on, HTTP/1.0 upstream): the engine is healthy, clients wait",
+        proxy_buffering=True, min_client_ttft_ratio=3.0,
         phases=[LoadPhase("steady", users=2, run_time_s=15, extra_args=["--output-tokens", "64", "--prompt-tokens", "64"])],
         expected_finding="stream-cut-proxy-buffering"),
     Scenario(

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gameday import drill
-from gameday.errors import GamedayError
-from gameday.nginx import GatewayConfig, start_gateway
+from gameday.nginx import GatewayConfig
+from gameday.nginx import start_gateway as start_gateway_proc
 from gameday.procs import Proc, ProcSpec, Supervisor, free_port, wait_http_ok, wait_until
 from gameday.prom import PromClient, PromConfig, start_prometheus
 
@@ -73,23 +73,6 @@ def start_engine(stack: Stack, index: int, flags: list[str]) -> Proc:
 def wait_engines_ready(stack: Stack) -> None:
     for proc, addr in zip(stack.engines, stack.engine_addrs, strict=True):
         wait_http_ok(f"http://{addr}/ready", proc, ENGINE_READY_TIMEOUT_S)
-        warm_up(addr)
-
-
-def warm_up(addr: str) -> None:
-    """Send the load generator's own calibration probe (a ~1000-token chat prompt) to each engine
-    before Prometheus starts. The first long prefill is slow on a CPU, and Locust's probe is always
-    its first request: cold, it alone would breach the TTFT SLO in the drill's one-minute windows;
-    warm, Locust's probe hits the prefix cache."""
-    from loadgen.server_info import ServerInfoError, list_models, probe_tokens_per_word
-
-    host = f"http://{addr}"
-    try:
-        model = list_models(host, {})[0]["id"]
-    except (ServerInfoError, IndexError, KeyError) as exc:
-        raise GamedayError(f"warm-up: {host}/v1/models: {exc}") from exc
-    if probe_tokens_per_word(host, "/v1/chat/completions", {}, model, chat=True) is None:
-        raise GamedayError(f"warm-up: the calibration probe to {host} failed (see the engine log)")
 
 
 def wait_engine_exit(proc: Proc, timeout_s: float = ENGINE_READY_TIMEOUT_S) -> int:
@@ -112,19 +95,27 @@ def start_exporter(stack: Stack, fake_gpu: bool) -> str | None:
     return f"127.0.0.1:{port}"
 
 
-def start_gateway_and_prometheus(stack: Stack, read_timeout_s: float, buffering: bool, fake_gpu: bool) -> None:
-    """nginx in front of the engines, then Prometheus over the engines, exporter and drill rules."""
+def start_gateway(stack: Stack, read_timeout_s: float, buffering: bool) -> None:
+    """nginx in front of every engine replica. With buffering on it keeps nginx's other default,
+    proxy_http_version 1.0, and ignores the engine's `X-Accel-Buffering: no` (that header alone
+    would keep the stream unbuffered): plain nginx in front of an engine that sends no such header."""
     assert stack.workdir is not None
-    work = Path(stack.workdir.name)
     stack.gateway_port = free_port()
     gw = GatewayConfig(upstreams=stack.engine_addrs, listen_port=stack.gateway_port,
-                       proxy_read_timeout_s=read_timeout_s, proxy_buffering=buffering)
-    start_gateway(stack.sup, gw, work / "nginx", stack.logs_dir / "nginx")
+                       proxy_read_timeout_s=read_timeout_s, proxy_buffering=buffering,
+                       ignore_accel_buffering=buffering, proxy_http_version="1.0" if buffering else "1.1")
+    start_gateway_proc(stack.sup, gw, Path(stack.workdir.name) / "nginx", stack.logs_dir / "nginx")
+
+
+def start_prometheus_stack(stack: Stack, fake_gpu: bool) -> None:
+    """The GPU exporter, then Prometheus over the engines, the exporter and the drill rules."""
+    assert stack.workdir is not None
     rules = drill.write_drill_copies(drill.shipped_rule_files(REPO_ROOT), stack.report_dir / "drill-rules")
     exporter = start_exporter(stack, fake_gpu)
     cfg = PromConfig(listen_port=free_port(), engine_targets=stack.engine_addrs,
                      exporter_targets=[exporter] if exporter else [], rule_files=rules)
-    _, stack.prom = start_prometheus(stack.sup, cfg, work / "tsdb", stack.report_dir / "prometheus")
+    _, stack.prom = start_prometheus(stack.sup, cfg, Path(stack.workdir.name) / "tsdb",
+                                     stack.report_dir / "prometheus")
     stack.prom_url = stack.prom.base_url
 
 

@@ -26,23 +26,32 @@ needs_prom = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prom
 
 
 class _StreamUpstream(http.server.BaseHTTPRequestHandler):
-    """Sends chunk 0, waits for the test's go-ahead (or stalls), then chunk 1 and the end."""
+    """Sends chunk 0 with the headers, chunk 1 a moment later, then waits for the test's go-ahead
+    (or stalls) before the end."""
 
     protocol_version = "HTTP/1.1"
     release = threading.Event()
 
     def do_GET(self):  # noqa: N802 (http.server's naming)
+        # As uvicorn does: chunked for an HTTP/1.1 request, delimited by close for HTTP/1.0.
+        self.chunked = self.request_version == "HTTP/1.1"
+        if not self.chunked:
+            self.protocol_version = "HTTP/1.0"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Transfer-Encoding" if self.chunked else "Connection", "chunked" if self.chunked else "close")
+        self.send_header("X-Accel-Buffering", "no")  # as llmserve sends it
         self.end_headers()
         self._chunk(b"data: 0\n\n")
+        time.sleep(0.3)  # chunk 1 reaches nginx in a read of its own, after the header's
+        self._chunk(b"data: 1\n\n")
         self.release.wait(timeout=10)
         self._chunk(b"data: [DONE]\n\n")
-        self.wfile.write(b"0\r\n\r\n")
+        if self.chunked:
+            self.wfile.write(b"0\r\n\r\n")
 
     def _chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
         self.wfile.flush()
 
     def log_message(self, *args):
@@ -113,9 +122,9 @@ def test_nginx_proxies_a_stream_unbuffered_and_logs_upstreaminfo(tmp_path, upstr
     with Supervisor() as sup:
         start_gateway(sup, GatewayConfig(upstreams=[up_addr], listen_port=port), tmp_path / "prefix", tmp_path / "logs")
         sock = _raw_get(port, "/v1/chat/completions")
-        # The upstream holds chunk 1 until released: chunk 0 arriving first proves no buffering.
-        head = _read_until(sock, b"data: 0")
-        assert b"data: 0" in head and b"[DONE]" not in head
+        # The upstream holds the end until released: chunk 1 arriving first proves no buffering.
+        head = _read_until(sock, b"data: 1")
+        assert b"data: 1" in head and b"[DONE]" not in head
         _StreamUpstream.release.set()
         assert b"data: [DONE]" in _read_until(sock, b"[DONE]")
         sock.close()
@@ -127,6 +136,30 @@ def test_nginx_proxies_a_stream_unbuffered_and_logs_upstreaminfo(tmp_path, upstr
     assert match, line
     assert match.group(3) == up_addr
     assert "proxy_buffering off;" in (tmp_path / "logs" / "nginx.conf").read_text()
+
+
+@needs_nginx
+def test_nginx_buffering_ignoring_x_accel_holds_the_stream_back(tmp_path, upstream):
+    port = free_port()
+    cfg = GatewayConfig(upstreams=[f"127.0.0.1:{upstream.server_address[1]}"], listen_port=port,
+                        proxy_buffering=True, ignore_accel_buffering=True, proxy_http_version="1.0")
+    with Supervisor() as sup:
+        start_gateway(sup, cfg, tmp_path / "prefix", tmp_path / "logs")
+        sock = _raw_get(port, "/v1/chat/completions")
+        sock.settimeout(1.5)
+        held = b""
+        with pytest.raises(TimeoutError):  # chunk 1 sits in nginx's buffer while the upstream holds on
+            while True:
+                held += sock.recv(4096)
+        assert b"data: " not in held  # nothing of the body yet, not even what came with the header
+        _StreamUpstream.release.set()
+        sock.settimeout(10)
+        body = held + _read_until(sock, b"[DONE]")
+        sock.close()
+    assert b"data: 1" in body and b"data: [DONE]" in body
+    conf = (tmp_path / "logs" / "nginx.conf").read_text()
+    assert "proxy_buffering on;" in conf and "proxy_ignore_headers X-Accel-Buffering;" in conf
+    assert "proxy_http_version 1.0;" in conf
 
 
 @needs_nginx

@@ -40,9 +40,11 @@ def _spawn(*flags: str) -> tuple[subprocess.Popen, str]:
 
 
 def _stream(url: str, max_tokens: int, out: dict, key: str, started: threading.Event) -> None:
-    body = {"model": "builtin", "prompt": "drain me", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    """A chat stream: its first event (the role) arrives once admitted, before any token."""
+    body = {"model": "builtin", "messages": [{"role": "user", "content": "drain me"}], "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True}
     out[key] = []
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as response:
         for line in response.iter_lines():
             if line.startswith("data: "):
                 out[key].append(line[6:])
@@ -55,7 +57,7 @@ def test_sigterm_drains_running_streams_then_exits_zero():
     threads = []
     try:
         # The long stream cannot finish within the drain timeout; the short one needs a few steps.
-        for key, max_tokens in (("long", 4000), ("short", 8)):
+        for key, max_tokens in (("long", 4000), ("short", 16)):
             started = threading.Event()
             threads.append(threading.Thread(target=_stream, args=(url, max_tokens, out, key, started)))
             threads[-1].start()

@@ -43,6 +43,21 @@ class Candidate:
     def __bool__(self) -> bool:
         return bool(self.num_decisive or self.num_corroborating)
 
+    def merge(self, other: "Candidate") -> None:
+        """Takes in evidence gathered apart (as corroboration), e.g. engine aborts once their cause is known."""
+        for group in other.evidence.groups.values():
+            key = (group.file, group.signal, False, group.first.text)
+            if key not in self.evidence.groups and len(self.evidence.groups) < self.evidence.max_groups:
+                group.decisive = False
+                self.evidence.groups[key] = group
+        self.num_corroborating += other.num_decisive + other.num_corroborating
+        self.requests.seen |= other.requests.seen
+        self.requests.num_anonymous += other.requests.num_anonymous
+        for ts in (other.first_ts, other.last_ts):
+            if ts is not None:
+                self.first_ts = ts if self.first_ts is None or ts < self.first_ts else self.first_ts
+                self.last_ts = ts if self.last_ts is None or ts > self.last_ts else self.last_ts
+
     def finding(self, title: str, explanation: str, next_steps: list[str],
                 confidence: Confidence | None = None, weight: float = 0.0) -> Finding:
         if confidence is None:

@@ -58,8 +58,7 @@ def timeout_finding(rule) -> Finding:
         t.counter.append("a cut stream alone does not say who cut it: no gateway or engine log was seen")
         confidence = Confidence.LOW
     else:
-        for ev in rule.engine_aborts:
-            t.add(ev, "engine.aborted_by_gateway", False, [ev.fields.get("request_id")])
+        t.merge(rule.aborts)
         for ev in rule.abort_metrics:
             t.add(ev, "metric.finished_abort", False)
         for ev in rule.stream_cuts:
@@ -82,10 +81,9 @@ def client_finding(rule, facts) -> Finding | None:
     if facts.num_requests >= 100 and c.num_decisive < RARE_DISCONNECT_SHARE * facts.num_requests:
         return None  # a tab closed now and then in a busy log is not an incident
     if not c.num_decisive:
-        if rule.timeout.num_decisive or rule.crash.num_decisive or not rule.engine_aborts:
+        if rule.timeout.num_decisive or rule.crash.num_decisive or not rule.aborts:
             return None
-    for ev in rule.engine_aborts:
-        c.add(ev, "engine.aborted.client_disconnect", False, [ev.fields.get("request_id")])
+    c.merge(rule.aborts)
     for ev in rule.abort_metrics:
         c.add(ev, "metric.finished_abort", False)
     durations = rule.client_durations

@@ -30,9 +30,10 @@ class StreamRule(Rule):
         self.timeout = Candidate("stream-cut-gateway-timeout")
         self.client = Candidate("stream-cut-client-disconnect")
         self.buffering = Candidate("stream-cut-proxy-buffering")
-        self.engine_aborts: list[Event] = []
+        self.aborts = Candidate("stream-cut-client-disconnect")  # engine aborts: whose they are is decided last
         self.stream_cuts: list[Event] = []
-        self.client_ts: list = []
+        self.num_untimed_cuts = 0
+        self.first_cut_ts = None  # earliest disconnect seen anywhere (client, gateway or engine)
         self.server_ttft: list[float] = []
         self.client_ttft: list[float] = []
         self.client_ttft_ids: list[str | None] = []
@@ -111,7 +112,7 @@ class StreamRule(Rule):
             self.client.add(ev, f"{ev.source}.client_closed", True, request_ids_of(ev))
             if f.get("duration_s") is not None and len(self.client_durations) < MAX_SAMPLES:
                 self.client_durations.append(f["duration_s"])
-            self.client_ts.append(ev.ts)
+            self._cut_at(ev)
         elif cut == "upstream_failed":
             self.crash.add(ev, f"{ev.source}.upstream_failed", False, request_ids_of(ev))
         duration = f.get("duration_s")
@@ -121,15 +122,15 @@ class StreamRule(Rule):
     # --- client side ---
     def _gateway_client_closed(self, ev: Event) -> None:
         self.client.add(ev, ev.kind, True)
-        self.client_ts.append(ev.ts)
+        self._cut_at(ev)
 
     def _client_cancel(self, ev: Event) -> None:
         self.client.add(ev, ev.kind, True, request_ids_of(ev))
-        self.client_ts.append(ev.ts)
+        self._cut_at(ev)
 
     def _client_timeout(self, ev: Event) -> None:
         self.client.add(ev, ev.kind, True, request_ids_of(ev))
-        self.client_ts.append(ev.ts)
+        self._cut_at(ev)
 
     def _client_stream_cut(self, ev: Event) -> None:
         if len(self.stream_cuts) < 1000:
@@ -137,8 +138,15 @@ class StreamRule(Rule):
 
     def _request_aborted(self, ev: Event) -> None:
         reason = ev.fields.get("reason")
-        if reason in (None, "client_disconnect") and len(self.engine_aborts) < MAX_SAMPLES:
-            self.engine_aborts.append(ev)
+        if reason in (None, "client_disconnect"):
+            self.aborts.add(ev, "engine.aborted.client_disconnect", False, request_ids_of(ev))
+            self._cut_at(ev)
+
+    def _cut_at(self, ev: Event) -> None:
+        if ev.ts is None:
+            self.num_untimed_cuts += 1
+        elif self.first_cut_ts is None or ev.ts < self.first_cut_ts:
+            self.first_cut_ts = ev.ts
 
     # --- buffering: client vs engine time to first token ---
     def _request_finished(self, ev: Event) -> None:
@@ -188,11 +196,8 @@ class StreamRule(Rule):
     def in_shutdown_tail(self, facts: Facts) -> bool:
         """Every disconnect came at once at the very end of a run that served others: the load stopping."""
         end = facts.last_request_ts
-        stamps = [ts for ts in self.client_ts if ts is not None] + [
-            e.ts for e in self.engine_aborts if e.ts is not None]
-        if end is None or not stamps or len(stamps) < len(self.client_ts) + len(self.engine_aborts):
+        if end is None or self.first_cut_ts is None or self.num_untimed_cuts:
             return False
-        if facts.num_requests - len(self.engine_aborts) < 5:
+        if facts.num_requests - self.aborts.num_corroborating < 5:
             return False  # an excerpt, or a run of nothing but disconnects
-        first = min(stamps)
-        return (end - first).total_seconds() <= SHUTDOWN_TAIL_S
+        return (end - self.first_cut_ts).total_seconds() <= SHUTDOWN_TAIL_S

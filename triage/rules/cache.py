@@ -8,6 +8,7 @@ from triage.rules import cache_text as T
 
 MAX_KEYS = 20_000  # bounded memory: when full, keys seen only once are dropped
 MAX_SAMPLE_KEYS = 200
+MAX_PROMPT_KEYS = 2000
 LOW_HIT_RATE = 0.3
 PROMPT_KEY_CHARS = 100  # prompts whose first 100 characters agree once ids and times are masked share a prefix
 _DYNAMIC = re.compile(
@@ -149,7 +150,7 @@ class CacheRule(Rule):
         key = _DYNAMIC.sub("<dyn>", prompt[:200])[:PROMPT_KEY_CHARS]
         variants = self.text_prefixes.get(key)
         if variants is None:
-            if len(self.text_prefixes) >= MAX_KEYS:
+            if len(self.text_prefixes) >= MAX_PROMPT_KEYS:  # each holds whole logged lines: keep few
                 return
             variants = self.text_prefixes[key] = {}
         if head not in variants and len(variants) < 6:

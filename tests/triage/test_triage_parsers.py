@@ -196,3 +196,19 @@ def test_prompt_text_is_not_scanned_for_errors():
     line = ("(APIServer pid=1) INFO 10-02 11:00:01 [logger.py:43] Received request chatcmpl-1: prompt: 'Why do I get "
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB?', params: SamplingParams(n=1)")
     assert kinds(line) == ["request.received"]
+
+
+def test_loadgen_requests_csv_real_header():
+    header = ("request_id,worker,profile,scheduled_unix,client_queue_s,outcome,failure_kind,http_status,ttft_s,"
+              "tpot_s,e2e_s,end_s,num_chunks,prompt_tokens,output_tokens,output_tokens_source,cached_tokens,"
+              "finish_reason,max_tokens,response_id,itl_s,error")
+    row = ("loadgen-8e27,local,shared-prefix,1795982244.8252115,1.47e-05,ok,,200,5.056657732000076,"
+           "0.07746852799999532,7.458182099999931,7.458420826000065,20,1227,32,usage,0,length,32,"
+           "chatcmpl-c457,0.4438762009999664 0.07444315299994742 0.07338203099993734,")
+    p = FileParser("loadgen_requests.csv")
+    assert p.parse(1, header) == []
+    [ev] = p.parse(2, row)
+    f = ev.fields
+    assert (ev.kind, f["request_id"], f["outcome"]) == ("client.request", "chatcmpl-c457", "ok")
+    assert (f["ttft_s"], f["e2e_s"]) == (5.056657732000076, 7.458182099999931)
+    assert f["itl_s"] == [0.4438762009999664, 0.07444315299994742, 0.07338203099993734]

@@ -66,7 +66,7 @@ def client_request(row: dict, ts, file: str, lineno: int, line: str) -> Event:
             itl = json.loads(itl) if itl.startswith("[") else [float(x) for x in itl.split()]
         except ValueError:
             itl = None
-    fields = {"request_id": row.get("request_id"), "ttft_s": _float(row.get("ttft_s")),
+    fields = {"request_id": row.get("response_id") or row.get("request_id"), "ttft_s": _float(row.get("ttft_s")),
               "e2e_s": _float(row.get("e2e_s")), "outcome": row.get("outcome"),
               "num_chunks": _int(row.get("num_chunks")), "itl_s": itl if isinstance(itl, list) else None}
     return Event(ts, "loadgen", "client.request", fields, file, lineno, line)

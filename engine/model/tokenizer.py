@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Protocol
 
 import jinja2
+import jinja2.ext
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import InvalidRequestError, ModelLoadError
@@ -29,7 +31,7 @@ class ChatTemplate:
 
     def __init__(self, source: str, bos_token: str | None, eos_token: str | None):
         env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", GenerationTag]
         )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
@@ -49,6 +51,17 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"chat template: {exc}", param="messages") from exc
+
+
+class GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (HF marks assistant tokens with it): renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
 
 
 class TemplateRaised(jinja2.TemplateError):

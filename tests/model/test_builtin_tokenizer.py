@@ -107,6 +107,10 @@ def test_hf_chat_template_from_named_list_and_missing(tmp_path):
     config["chat_template"] = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ eos_token }}"}]
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     assert HFTokenizer(tmp_path).apply_chat_template([]) == "D<|im_end|>"
+    generation = "{% for m in messages %}{% generation %}[{{ m['content'] }}]{% endgeneration %}{% endfor %}"
+    (tmp_path / "chat_template.jinja").write_text(generation)  # wins over tokenizer_config.json
+    assert HFTokenizer(tmp_path).apply_chat_template([{"role": "assistant", "content": "ok"}]) == "[ok]"
+    (tmp_path / "chat_template.jinja").unlink()
     del config["chat_template"]
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(InvalidRequestError, match="no chat template"):

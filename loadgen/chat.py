@@ -73,6 +73,21 @@ def _on_test_start(environment, **kwargs):
         STATE.worker_name = f"worker-{environment.runner.worker_index}"
     else:  # Locust does not forward its own --profile to workers; this custom option is forwarded.
         environment.parsed_options.loadgen_profile = STATE.config.profile
+    if not isinstance(environment.runner, MasterRunner):
+        _resolve_early(environment)
+
+
+def _resolve_early(environment) -> None:
+    """Ask the server (model, lengths, probe) before users spawn. Done lazily under a lock instead,
+    every user would wait for the probe and then send at the same instant: users in lockstep stay in
+    lockstep (identical latencies), and each round's burst would inflate the client's own TTFT."""
+    try:
+        STATE.resolve(environment.host or "")
+    except runtime.ServerInfoError as exc:  # each request retries, and counts the failure
+        logger.warning("loadgen: %s", exc)
+    except runtime.SetupError as exc:
+        logger.error("loadgen: error: %s", exc)
+        environment.runner.quit()
 
 
 @events.test_stop.add_listener

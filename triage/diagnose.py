@@ -51,6 +51,36 @@ class Dispatcher:
             rule.observe(ev)
 
 
+# cause -> the findings it explains: a cause seen with at least medium confidence goes before them,
+# whatever their own confidence (a phase-guessed OOM still precedes the crash it caused).
+EXPLAINS = {
+    "driver-mismatch": ("oom-weights", "oom-kv-capacity", "oom-runtime", "engine-crash"),
+    "oom-weights": ("engine-crash", "stream-cut-gateway-timeout", "stream-cut-client-disconnect"),
+    "oom-kv-capacity": ("engine-crash", "stream-cut-gateway-timeout", "stream-cut-client-disconnect"),
+    "oom-runtime": ("engine-crash", "stream-cut-gateway-timeout", "stream-cut-client-disconnect"),
+    "engine-crash": ("stream-cut-gateway-timeout", "stream-cut-client-disconnect"),
+}
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """Confidence tier, then causal order; then every cause is moved ahead of the symptoms it explains."""
+    ordered = sorted(findings, key=lambda f: f.rank_key())
+    changed = True
+    while changed:
+        changed = False
+        for j, cause in enumerate(ordered):
+            if cause.confidence.value == "low":
+                continue
+            for i in range(j):
+                if ordered[i].id in EXPLAINS.get(cause.id, ()):
+                    ordered.insert(i, ordered.pop(j))
+                    changed = True
+                    break
+            if changed:
+                break
+    return ordered
+
+
 def _read_file(path, notes: Notes, dispatcher: Dispatcher) -> None:
     parser = FileParser(str(path))
     for lineno, line in read_lines(path, notes):
@@ -84,7 +114,6 @@ def diagnose(opts: DiagnoseOptions) -> Diagnosis:
         for ev in events:
             dispatcher.feed(ev)
         num_metric_events = len(events)
-    findings = [f for rule in dispatcher.rules for f in rule.findings(facts)]
-    findings.sort(key=lambda f: f.rank_key())
+    findings = rank([f for rule in dispatcher.rules for f in rule.findings(facts)])
     readable = notes.num_files_read > 0 or num_metric_events > 0
     return Diagnosis(findings, facts, notes, num_metric_events, readable)

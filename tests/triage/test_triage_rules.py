@@ -98,3 +98,17 @@ def test_rare_disconnects_in_a_busy_log_and_one_short_queue_are_not_incidents():
     assert run(one_snapshot) == []
     deep = [event("engine.stats", t=0, running=64, waiting=500, kv_usage=0.3)]
     assert [(f.id, f.confidence) for f in run(deep)] == [("queue-backlog", Confidence.MEDIUM)]
+
+
+def test_a_guessed_cause_still_precedes_its_symptom():
+    from triage.diagnose import rank
+    from triage.model import EvidenceSet, Finding
+
+    def finding(fid, confidence):
+        return Finding(fid, fid, "high", confidence, "", EvidenceSet())
+
+    ordered = rank([finding("engine-crash", Confidence.HIGH), finding("stream-cut-gateway-timeout", Confidence.HIGH),
+                    finding("oom-runtime", Confidence.MEDIUM), finding("cache-miss", Confidence.HIGH),
+                    finding("driver-mismatch", Confidence.LOW)])
+    assert [f.id for f in ordered] == ["oom-runtime", "engine-crash", "stream-cut-gateway-timeout", "cache-miss",
+                                       "driver-mismatch"]

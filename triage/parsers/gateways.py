@@ -33,12 +33,13 @@ _ENVOY_UPSTREAM = {"UC", "UF", "UH", "URX", "UR", "LH", "NR"}
 
 
 def cut_for_status(status: int) -> str | None:
-    """What a gateway status says about a cut: 499/460 client gone, 504 timeout, 502/503 upstream failed."""
+    """What a gateway status says about a cut: 499/460 client gone, 504 timeout, 502 upstream failed.
+    503 is left out: an engine that is draining or not ready answers it itself, alive."""
     if status in (499, 460):
         return "client"
     if status == 504:
         return "timeout"
-    if status in (502, 503):
+    if status == 502:
         return "upstream_failed"
     return None
 

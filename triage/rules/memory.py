@@ -67,7 +67,7 @@ NEXT_STEPS = {
 
 class MemoryRule(Rule):
     kinds = ("oom.cuda", "oom.host", "oom.kv_capacity", "oom.weights", "driver.mismatch", "engine.error",
-             "engine.startup", "phase.weights_loading", "phase.weights_loaded", "phase.kv_setup",
+             "engine.startup", "engine.stats", "phase.weights_loading", "phase.weights_loaded", "phase.kv_setup",
              "phase.serving", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished", "metric")
 
     def __init__(self):
@@ -84,7 +84,7 @@ class MemoryRule(Rule):
         kind = ev.kind
         if kind.startswith("phase."):
             self.file_phase[ev.file] = _PHASE_OF_MARKER[kind]
-        elif kind == "engine.startup":
+        elif kind in ("engine.startup", "engine.stats"):  # a stats line means the engine was serving
             self.file_phase[ev.file] = "runtime"
         elif kind == "driver.mismatch":
             self.cands["driver-mismatch"].add(ev, "driver.mismatch", True)

@@ -34,7 +34,7 @@ class Scenario:
     engine_flags: list[str] = field(default_factory=list)
     num_replicas: int = 1
     proxy_read_timeout_s: float = 60.0
-    proxy_buffering: bool = False  # on: nginx's defaults (buffering, HTTP/1.0 upstream), X-Accel ignored
+    proxy_buffering: bool = False  # on: with gzip for event streams and X-Accel-Buffering ignored
     phases: list[LoadPhase] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     # Each inner list is one expectation met by any of its alerts ("A or B").
@@ -97,7 +97,7 @@ SCENARIOS: list[Scenario] = [
         expected_alerts=[["LLMStreamAbortsHigh"]], expected_finding="stream-cut-client-disconnect", ci=True),
     Scenario(
         name="proxy-buffering",
-        summary="nginx defaults (proxy_buffering on, HTTP/1.0 upstream): the engine is healthy, clients wait",
+        summary="nginx proxy_buffering on with gzip on event streams: the engine is healthy, clients wait",
         proxy_buffering=True, min_client_ttft_ratio=3.0,
         phases=[LoadPhase("steady", users=2, run_time_s=15, extra_args=["--output-tokens", "64", "--prompt-tokens", "64"])],
         expected_finding="stream-cut-proxy-buffering"),

@@ -96,14 +96,14 @@ def start_exporter(stack: Stack, fake_gpu: bool) -> str | None:
 
 
 def start_gateway(stack: Stack, read_timeout_s: float, buffering: bool) -> None:
-    """nginx in front of every engine replica. With buffering on it keeps nginx's other default,
-    proxy_http_version 1.0, and ignores the engine's `X-Accel-Buffering: no` (that header alone
-    would keep the stream unbuffered): plain nginx in front of an engine that sends no such header."""
+    """nginx in front of every engine replica. With buffering on it also compresses event streams
+    and ignores the engine's `X-Accel-Buffering: no` (that header alone keeps the stream flowing):
+    a common gateway config in front of an engine that sends no such header (vLLM sends none)."""
     assert stack.workdir is not None
     stack.gateway_port = free_port()
     gw = GatewayConfig(upstreams=stack.engine_addrs, listen_port=stack.gateway_port,
                        proxy_read_timeout_s=read_timeout_s, proxy_buffering=buffering,
-                       ignore_accel_buffering=buffering, proxy_http_version="1.0" if buffering else "1.1")
+                       ignore_accel_buffering=buffering, gzip_event_stream=buffering)
     start_gateway_proc(stack.sup, gw, Path(stack.workdir.name) / "nginx", stack.logs_dir / "nginx")
 
 

@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--output-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: on a busy machine OpenMP threads spin-wait)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default=None,
                         help="cpu: process CPU time, immune to other processes' load (default on CPU); "
                              "wall: elapsed time (default on CUDA, where work is asynchronous)")

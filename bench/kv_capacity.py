@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--contiguous-seqs", type=int, default=4, help="KV budget in max_model_len sequences")
     parser.add_argument("--num-requests", type=int, default=96)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: on a busy machine OpenMP threads spin-wait)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--num-requests", type=int, default=12)
     parser.add_argument("--system-tokens", type=int, default=1024)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: on a busy machine OpenMP threads spin-wait)")
     parser.add_argument("--clock", choices=("cpu", "wall"), default=None,
                         help="the engine clock for TTFT: cpu = process CPU time, immune to other processes' load "
                              "(default on CPU); wall = time.monotonic (default on CUDA)")

@@ -40,12 +40,16 @@ def test_preempted_request_output_equals_unpreempted_run(make_engine):
         tight.add_request(f"r{i}", tokens, GREEDY)
     num_preemptions = 0
     results: dict[str, list[int]] = {}
+    preemption_ts: dict[str, int] = {}
     while tight.has_unfinished_requests():
         step = tight.step()
         num_preemptions += step.stats.num_preemptions
         for out in step.outputs:
             results.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                preemption_ts[out.request_id] = len(out.metrics.preemption_ts)
     assert num_preemptions > 0
+    assert sum(preemption_ts.values()) == num_preemptions
     assert results == reference
 
 

@@ -1,0 +1,46 @@
+"""RequestStats maths, unchained prefix fingerprints, and the sampler's top-k / top-p filter."""
+
+import torch
+
+from engine.core.sampler import Sampler
+from engine.core.sampling import SamplingParams
+from engine.core.sequence import Request
+from engine.obs.stats import RequestStats, prefix_fingerprint
+
+
+def test_request_stats_derived_intervals():
+    stats = RequestStats(arrival_ts=10.0, first_scheduled_ts=10.5, first_token_ts=11.0,
+                         token_ts=[11.0, 11.25, 11.75], finished_ts=12.0)
+    assert (stats.queue_s, stats.ttft_s, stats.prefill_s) == (0.5, 1.0, 0.5)
+    assert (stats.decode_s, stats.e2e_s, stats.tpot_s) == (0.75, 2.0, 0.375)
+    assert stats.itl_s == [0.25, 0.5]
+    empty = RequestStats(arrival_ts=1.0)
+    assert (empty.ttft_s, empty.tpot_s, empty.decode_s, empty.itl_s) == (None, None, None, [])
+
+
+def test_prefix_fingerprint_hashes_each_block_on_its_own():
+    a = list(range(40))
+    b = a[:4] + [999] + a[5:]  # differs in the second block of 4 only
+    fa, fb = prefix_fingerprint(a, 4), prefix_fingerprint(b, 4)
+    assert len(fa) == 8 and all(len(h) == 8 and int(h, 16) >= 0 for h in fa)
+    assert [x == y for x, y in zip(fa, fb, strict=True)] == [True, False] + [True] * 6
+    assert prefix_fingerprint(a[:7], 4) == fa[:1]  # only full blocks
+
+
+def rows(params: list[SamplingParams]) -> list[Request]:
+    return [Request(str(i), [1], p, 0.0) for i, p in enumerate(params)]
+
+
+def test_top_k_and_top_p_keep_exactly_the_expected_tokens():
+    probs = torch.tensor([[0.1, 0.5, 0.15, 0.25]] * 3, dtype=torch.float64)
+    requests = rows([SamplingParams(top_k=2), SamplingParams(top_p=0.6), SamplingParams(top_p=0.8)])
+    kept, ids = Sampler._filtered_sorted_probs(probs.log(), requests)
+    assert ids[0].tolist() == [1, 3, 2, 0]
+    assert (kept > 0).tolist() == [[True, True, False, False], [True, True, False, False],
+                                   [True, True, True, False]]
+
+
+def test_greedy_rows_take_the_argmax_in_a_mixed_batch():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    requests = rows([SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=1, seed=3)])
+    assert Sampler(torch.device("cpu"), seed=0).sample(logits, requests) == [1, 0]

@@ -182,3 +182,19 @@ def test_step_delay_fault_sleeps_inside_every_step(make_engine, monkeypatch):
     engine.add_request("a", prompts(1)[0], SamplingParams(max_tokens=3, temperature=0.0))
     run_to_completion(engine)
     assert slept == [0.25, 0.25, 0.25]
+
+
+def test_identical_prompts_in_one_step_share_blocks_written_by_the_same_forward(make_engine):
+    prompt = prompts(1)[0]
+    alone = generate(make_engine(), [prompt])["r0"]
+    engine = make_engine(block_size=4)
+    engine.add_request("a", prompt, GREEDY)
+    engine.add_request("b", prompt, GREEDY)
+    first = engine.step()
+    # b reuses a's three full blocks, which a's K/V fills in this very forward.
+    assert (first.stats.prefix_hit_tokens, first.stats.num_prompt_tokens_computed) == (12, 13 + 1)
+    assert engine.kv.block_ids("a")[:3] == engine.kv.block_ids("b")[:3]
+    rest = run_to_completion(engine)
+    tokens = {o.request_id: list(o.new_token_ids) for o in first.outputs}
+    assert tokens["a"] + rest["a"][0] == alone
+    assert tokens["b"] + rest["b"][0] == alone

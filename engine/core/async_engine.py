@@ -119,6 +119,8 @@ class AsyncEngine:
     def _check_alive(self) -> None:
         if self.is_dead:
             raise errors.EngineDeadError(f"the engine loop is dead: {self.dead_error}")
+        if self._stop:
+            raise errors.EngineDeadError("the engine is shut down")
 
     # ---- the step thread ---------------------------------------------------------------------
 

@@ -160,6 +160,8 @@ def test_shutdown_aborts_requests_in_flight(make_async):
         return first, [out async for out in stream]
 
     first, rest = asyncio.run(main())
+    with pytest.raises(errors.EngineDeadError, match="shut down"):
+        asyncio.run(collect(engine, "late", PROMPTS[1]))
     assert not first.finished
     assert rest[-1].finished and rest[-1].finish_reason is FinishReason.ABORT
     assert engine.engine.kv.num_used_blocks == 0 and not engine.is_running

@@ -41,9 +41,10 @@ def test_ci_scenario(name, report_root):
     assert result.passed, _explain(result)
     assert (Path(result.report_dir) / "triage.json").exists()
     alerts = json.loads((Path(result.report_dir) / "alerts.json").read_text())
-    fired = sorted({a["name"] for a in alerts if a["first_firing_s"] is not None})
-    expected = sorted({g[0] for g in get_scenario(name).expected_alerts})
-    assert fired == expected
+    fired = {a["name"] for a in alerts if a["first_firing_s"] is not None}
+    scenario = get_scenario(name)
+    expected = {g[0] for g in scenario.expected_alerts}
+    assert expected <= fired <= expected | set(scenario.tolerated_alerts)
 
 
 # Panels that by design draw only during an incident: an XID event would also fire LLMGPUXidErrors,

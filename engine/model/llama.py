@@ -327,6 +327,7 @@ class CausalLM(nn.Module):
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, attn, plan)
         if attn.is_decode_only:
+            assert x.shape[0] == len(attn.query_start_loc) - 1, "is_decode_only needs one token per sequence"
             last = x  # [num_seqs, hidden]
         else:
             ends = torch.tensor(attn.query_start_loc[1:], device=x.device) - 1

@@ -153,6 +153,7 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
             watcher.wait_for(scenario.expected_alerts, scenario.alert_wait_s)
         else:
             time.sleep(scenario.settle_s)
+        watcher.stop()  # one last poll from this thread alone
         watcher.poll()
         log.add(start_ts, "alerts checked; running llmtriage")
         triage = run_triage(stack.logs_dir, stack.prom_url, report_dir, also_text=echo)

@@ -64,9 +64,8 @@ class FreeBlockQueue:
 class BlockPool:
     """All KV blocks, the free queue and the map of cached full blocks."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool):
+    def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
-        self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.hash_to_block: dict[bytes, KVCacheBlock] = {}
@@ -138,7 +137,7 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.pool = BlockPool(num_blocks, enable_caching)
+        self.pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks already registered in the cache
 

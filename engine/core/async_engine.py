@@ -76,6 +76,8 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        else:  # never started: nothing will serve what is queued
+            self._reject_pending(errors.EngineDeadError("the engine is shut down"))
 
     async def generate(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_ts: float | None = None
@@ -182,19 +184,33 @@ class AsyncEngine:
                 logger.exception("error listener failed")
 
     def _abort_all(self) -> None:
+        """Shutdown: requests in the engine finish with ABORT; queued ones get EngineDeadError."""
         for request_id in list(self.engine.requests):
             self.engine.abort_request(request_id)
         self._dispatch(self.engine.step())
+        self._reject_pending(errors.EngineDeadError("the engine is shut down"))
 
     def _die(self, exc: BaseException, tb: str) -> None:
         self.dead_error = exc
         self.is_dead = True
-        outputs = self.engine.fail_all(f"EngineDeadError: {type(exc).__name__}: {exc}")
+        try:
+            outputs = self.engine.fail_all(f"EngineDeadError: {type(exc).__name__}: {exc}")
+        except Exception:  # noqa: BLE001 - the engine is broken; its consumers must still hear of it
+            logger.exception("failing the requests of a dead engine failed")
+            outputs = []
         self._notify_error(exc, tb, [o.request_id for o in outputs])
+        for listener in self._step_listeners:  # sinks count the error finishes
+            try:
+                listener(None, outputs)
+            except Exception:  # noqa: BLE001
+                logger.exception("step listener failed")
         for output in outputs:
             self._deliver(output.request_id, output)
+        self._reject_pending(errors.EngineDeadError(f"the engine loop is dead: {exc}"))
+
+    def _reject_pending(self, exc: errors.EngineDeadError) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
-            waiting_ids = [p.request_id for p in pending if isinstance(p, _PendingAdd)]
-        for request_id in waiting_ids:
-            self._deliver(request_id, errors.EngineDeadError(f"the engine loop is dead: {exc}"))
+        for item in pending:
+            if isinstance(item, _PendingAdd):
+                self._deliver(item.request_id, exc)

@@ -165,3 +165,17 @@ def test_shutdown_aborts_requests_in_flight(make_async):
     assert not first.finished
     assert rest[-1].finished and rest[-1].finish_reason is FinishReason.ABORT
     assert engine.engine.kv.num_used_blocks == 0 and not engine.is_running
+
+
+def test_requests_queued_at_shutdown_are_told_the_engine_is_gone(make_async):
+    engine = make_async(start=False)
+
+    async def main():
+        stream = engine.generate("a", PROMPTS[0], GREEDY)
+        pending = asyncio.create_task(stream.__anext__())
+        await asyncio.sleep(0)  # queued; no loop will ever apply it
+        engine.shutdown()
+        with pytest.raises(errors.EngineDeadError, match="shut down"):
+            await pending
+
+    asyncio.run(main())

@@ -24,28 +24,32 @@ class SamplingParams:
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise errors.InvalidRequestError naming the first bad field."""
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise errors.InvalidRequestError(
-                f"max_tokens must be at least 1, got {self.max_tokens!r}", param="max_tokens"
-            )
-        if not 0.0 <= float(self.temperature) <= 100.0:
-            raise errors.InvalidRequestError(
-                f"temperature must be in [0, 100], got {self.temperature!r}", param="temperature"
-            )
-        if not 0.0 < float(self.top_p) <= 1.0:
-            raise errors.InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", param="top_p")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
-            raise errors.InvalidRequestError(
-                f"top_k must be a positive integer or None, got {self.top_k!r}", param="top_k"
-            )
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise errors.InvalidRequestError(f"seed must be an integer, got {self.seed!r}", param="seed")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise errors.InvalidRequestError("stop must be a list of non-empty strings", param="stop")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise _bad("max_tokens", f"must be an integer of at least 1, got {self.max_tokens!r}")
+        if not _is_number(self.temperature) or not 0.0 <= self.temperature <= 100.0:
+            raise _bad("temperature", f"must be a number in [0, 100], got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise _bad("top_p", f"must be a number in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
+            raise _bad("top_k", f"must be a positive integer or None, got {self.top_k!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise _bad("seed", f"must be an integer, got {self.seed!r}")
+        if not isinstance(self.stop, list) or any(not isinstance(s, str) or not s for s in self.stop):
+            raise _bad("stop", f"must be a list of non-empty strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, list):
+            raise _bad("stop_token_ids", f"must be a list of token ids, got {self.stop_token_ids!r}")
         for token_id in self.stop_token_ids:
-            if not isinstance(token_id, int) or token_id < 0 or (
-                vocab_size is not None and token_id >= vocab_size
-            ):
-                raise errors.InvalidRequestError(
-                    f"stop_token_ids holds {token_id!r}, not a token id of this model", param="stop_token_ids"
-                )
+            if not _is_int(token_id) or token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+                raise _bad("stop_token_ids", f"holds {token_id!r}, not a token id of this model")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value  # not NaN
+
+
+def _bad(param: str, problem: str) -> errors.InvalidRequestError:
+    return errors.InvalidRequestError(f"{param} {problem}", param=param)

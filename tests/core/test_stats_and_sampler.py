@@ -44,3 +44,24 @@ def test_greedy_rows_take_the_argmax_in_a_mixed_batch():
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
     requests = rows([SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=1, seed=3)])
     assert Sampler(torch.device("cpu"), seed=0).sample(logits, requests) == [1, 0]
+
+
+def test_bad_sampling_params_name_the_field():
+    import pytest
+
+    from engine import errors
+
+    cases = {
+        "max_tokens": SamplingParams(max_tokens=0),
+        "temperature": SamplingParams(temperature="hot"),
+        "top_p": SamplingParams(top_p=float("nan")),
+        "top_k": SamplingParams(top_k=True),
+        "seed": SamplingParams(seed=1.5),
+        "stop": SamplingParams(stop="END"),
+        "stop_token_ids": SamplingParams(stop_token_ids=[300]),
+    }
+    for param, params in cases.items():
+        with pytest.raises(errors.InvalidRequestError, match=f"^{param} ") as info:
+            params.validate(vocab_size=260)
+        assert info.value.param == param
+    SamplingParams(temperature=0, top_p=1, stop=["\n"], stop_token_ids=[259], seed=7).validate(260)

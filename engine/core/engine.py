@@ -280,8 +280,12 @@ def _num_prompt_tokens(batch: list[ScheduledRequest]) -> int:
 def _check_config(config: EngineConfig) -> None:
     for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
         value = getattr(config, name)
-        if not isinstance(value, int) or value < 1:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise errors.ConfigError(f"{name} must be a positive integer, got {value!r}")
+    for name in ("seed", "max_model_len", "num_kv_blocks", "kv_cache_memory"):
+        value = getattr(config, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise errors.ConfigError(f"{name} must be an integer, got {value!r}")
 
 
 def _max_model_len(config: EngineConfig, model_limit: int) -> int:

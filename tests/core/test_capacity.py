@@ -85,3 +85,5 @@ def test_bad_engine_config_is_a_config_error(make_engine):
         make_engine(max_model_len=9999)
     with pytest.raises(errors.ConfigError, match="block_size must be a positive integer"):
         make_engine(block_size=0)
+    with pytest.raises(errors.ConfigError, match="kv_cache_memory must be an integer, got '2GiB'"):
+        make_engine(num_kv_blocks=None, kv_cache_memory="2GiB")

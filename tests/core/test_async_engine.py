@@ -179,3 +179,19 @@ def test_requests_queued_at_shutdown_are_told_the_engine_is_gone(make_async):
             await pending
 
     asyncio.run(main())
+
+
+def test_an_idle_engine_does_not_step(make_async):
+    engine = make_async()
+    steps = []
+    engine.add_step_listener(lambda stats, outputs: steps.append(stats))
+
+    async def main():
+        await asyncio.sleep(0.1)
+        idle_steps = len(steps)
+        await collect(engine, "a", PROMPTS[0], SamplingParams(max_tokens=2, temperature=0.0))
+        busy_steps = len(steps)
+        await asyncio.sleep(0.1)
+        return idle_steps, busy_steps, len(steps)
+
+    assert asyncio.run(main()) == (0, 2, 2)

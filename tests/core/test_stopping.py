@@ -80,3 +80,28 @@ def test_pending_partial_utf8_is_flushed_at_the_end():
     request.append_token(0xE2)
     assert detokenize_incrementally(tokenizer, request, request.num_tokens) == ""
     assert detokenize_incrementally(tokenizer, request, request.num_tokens, flush=True) == "\ufffd"
+
+
+def test_incremental_text_equals_the_full_decode_with_a_byte_level_bpe(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from engine.model.tokenizer import HFTokenizer
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = ["the cache hit rate fell", "naïve café — 東京 the rate", "p99 latency 🚀 rose"] * 20
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = HFTokenizer(tmp_path)
+    prompt = tokenizer.encode("the cache")
+    text = " hit 東京 rose 🚀 naïve café"
+    request = Request("a", prompt, SamplingParams(), 0.0)
+    deltas = []
+    for token in tokenizer.encode(text):
+        request.append_token(token)
+        deltas.append(detokenize_incrementally(tokenizer, request, request.num_tokens))
+    assert "".join(deltas) == text
+    assert all("\ufffd" not in d for d in deltas)
+    assert "" in deltas  # some character spans several tokens and was held back whole

@@ -3,10 +3,9 @@
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from triage import promapi
 from triage.model import Event, Finding
-from triage.parsers import FileParser
-from triage.reader import Notes, iter_files, read_lines
+from triage.parsers import FileParser, wanted_lines
+from triage.reader import Notes, iter_files, read_blocks
 from triage.rules import Facts, Rule, all_rules
 
 PROM_MARGIN = timedelta(minutes=2)
@@ -83,14 +82,17 @@ def rank(findings: list[Finding]) -> list[Finding]:
 
 def _read_file(path, notes: Notes, dispatcher: Dispatcher) -> None:
     parser = FileParser(str(path))
-    for lineno, line in read_lines(path, notes):
-        try:
-            events = parser.parse(lineno, line)
-        except Exception as exc:  # a parser bug must cost one line, never the diagnosis
-            notes.add(f"{path}:{lineno}: line skipped ({type(exc).__name__})")
-            continue
-        for ev in events:
-            dispatcher.feed(ev)
+    parse, feed = parser.parse, dispatcher.feed
+    for first, block in read_blocks(path, notes):
+        for index, line in wanted_lines(block):
+            lineno = first + index + 1
+            try:
+                events = parse(lineno, line)
+            except Exception as exc:  # a parser bug must cost one line, never the diagnosis
+                notes.add(f"{path}:{lineno}: line skipped ({type(exc).__name__})")
+                continue
+            for ev in events:
+                feed(ev)
 
 
 def diagnose(opts: DiagnoseOptions) -> Diagnosis:
@@ -108,6 +110,8 @@ def diagnose(opts: DiagnoseOptions) -> Diagnosis:
             end = datetime.now(UTC).replace(tzinfo=None)
         if start is None:
             start = end - DEFAULT_PROM_WINDOW
+        from triage import promapi  # urllib and http.client cost a tenth of a second to import
+
         events, prom_notes = promapi.fetch_events(opts.prometheus, start, end)
         for note in prom_notes:
             notes.add(note)

@@ -1,8 +1,10 @@
 """Input files: folders walked recursively, gzip by magic bytes, bad input skipped with a note."""
 
+import codecs
 import gzip
 import io
 import os
+import re
 import sys
 import zlib
 from collections.abc import Iterator
@@ -11,6 +13,8 @@ from pathlib import Path
 
 MAX_LINE_BYTES = 1 << 20  # longer lines are cut here (characters once decoded) (a single-huge-line file keeps memory flat)
 SNIFF_BYTES = 8192
+BLOCK_BYTES = 1 << 18  # read and split at a time: big enough for C to do the work, small for flat memory
+_CRLF = re.compile(r"\r\n?")
 
 
 class InputError(Exception):
@@ -79,6 +83,13 @@ def _sniff(handle, path: Path, notes: Notes) -> str | None:
 
 def read_lines(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
     """(line number, text) pairs, streamed; never raises for bad content."""
+    for first, block in read_blocks(path, notes):
+        yield from enumerate(block.split("\n")[:-1], first + 1)
+
+
+def read_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
+    """(number of lines before the block, block): runs of whole lines, each ending in "\n" (a "\r\n" or
+    lone "\r" ending becomes "\n"), about BLOCK_BYTES at a time; never raises for bad content."""
     handle = _open_binary(path, notes)
     if handle is None:
         return
@@ -88,33 +99,70 @@ def read_lines(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
             return
         notes.num_files_read += 1
         if encoding == "utf-16":
-            yield from _read_utf16(handle, path, notes)
+            for lineno, line in _read_utf16(handle, path, notes):
+                yield lineno - 1, line + "\n"
             return
         yield from _read_utf8(handle, path, notes)
 
 
+def _whole_lines(buf: str, final: bool) -> tuple[str, str]:
+    """(whole lines with "\n" endings, the rest); with newline="" semantics a lone "\r" ends a line too."""
+    if "\r" not in buf:
+        end = len(buf) if final else buf.rfind("\n") + 1
+        return buf[:end], buf[end:]
+    # a "\r" last in the buffer may be the first half of a "\r\n" still to come
+    end = len(buf) if final else max(buf.rfind("\n"), buf.rfind("\r", 0, len(buf) - 1)) + 1
+    return _CRLF.sub("\n", buf[:end]), buf[end:]
+
+
+def _cut_long_lines(block: str) -> tuple[str, bool]:
+    """Lines of MAX_LINE_BYTES characters or more are cut there (as readline(MAX_LINE_BYTES) does)."""
+    lines = block.split("\n")
+    if max(map(len, lines)) < MAX_LINE_BYTES:
+        return block, False
+    return "\n".join(line[:MAX_LINE_BYTES] for line in lines), True
+
+
 def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
-    """Decoding in C through TextIOWrapper; undecodable bytes become U+FFFD and are noted once."""
-    text = io.TextIOWrapper(handle, encoding="utf-8", errors="replace", newline="")
-    readline = text.readline
+    """Binary blocks decoded in C; undecodable bytes become U+FFFD and are noted once."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
     lineno = 0
-    bad_encoding = cut = False
+    carry = ""
+    skipping = bad_encoding = cut = False  # skipping: the rest of a line already cut
     while True:
         try:
-            line = readline(MAX_LINE_BYTES)
+            raw = handle.read1(BLOCK_BYTES)
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            block, _ = _whole_lines(carry, False)
+            if block:
+                yield lineno, block
+                lineno += block.count("\n")
             notes.add(f"{path}: truncated or corrupt after line {lineno} ({exc or 'unexpected end'})")
             break
-        if not line:
+        final = not raw
+        buf = carry + decoder.decode(raw, final)
+        if skipping:
+            at = buf.find("\n")
+            if at < 0:
+                buf = ""
+            else:
+                buf, skipping = buf[at + 1:], False
+        block, carry = _whole_lines(buf, final)
+        if block and not block.endswith("\n"):
+            block += "\n"
+        if len(carry) >= MAX_LINE_BYTES:  # no line end in sight: cut the line, skip the rest of it
+            block += carry[:MAX_LINE_BYTES] + "\n"
+            carry, skipping, cut = "", True, True
+        if len(block) > MAX_LINE_BYTES:
+            block, was_cut = _cut_long_lines(block)
+            cut = cut or was_cut
+        if block:
+            if "\ufffd" in block:
+                bad_encoding = True
+            yield lineno, block
+            lineno += block.count("\n")
+        if final:
             break
-        lineno += 1
-        if len(line) >= MAX_LINE_BYTES and not line.endswith("\n"):
-            cut = True
-            _skip_rest_of_line(readline)
-        if "\ufffd" in line:
-            bad_encoding = True
-        yield lineno, line.rstrip("\r\n")
-    text.detach()
     notes.num_lines_read += lineno
     if bad_encoding:
         notes.add(f"{path}: not valid UTF-8; undecodable bytes replaced")
@@ -122,16 +170,6 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
         notes.add(f"{path}: lines longer than {MAX_LINE_BYTES} characters were cut")
     if lineno == 0:
         notes.add(f"{path}: empty")
-
-
-def _skip_rest_of_line(readline) -> None:
-    while True:
-        try:
-            chunk = readline(MAX_LINE_BYTES)
-        except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
-            return
-        if not chunk or chunk.endswith("\n"):
-            return
 
 
 def _read_utf16(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:

@@ -18,13 +18,21 @@ _DYNAMIC = re.compile(
 
 
 def _prune(table: dict) -> bool:
-    """Keeps the most repeated half (a random prompt's blocks are seen once); amortised O(1) per insert."""
-    def weight(item) -> int:
-        return sum(item[1].values()) if isinstance(item[1], dict) else item[1]
-
-    keep = sorted(table.items(), key=weight, reverse=True)[: MAX_KEYS // 2]
+    """Keeps the most repeated half (a random prompt's blocks are seen once); amortised O(1) per insert.
+    Ties keep their insertion order (a stable sort); the weights are summed in C."""
+    values = list(table.values())
+    if values and isinstance(values[0], dict):
+        weights = list(map(sum, map(dict.values, values)))
+    else:
+        weights = values
+    keys = list(table)
+    if max(weights, default=0) == min(weights, default=0):  # all seen alike: the oldest half, in order
+        order = range(MAX_KEYS // 2)
+    else:
+        order = sorted(range(len(keys)), key=weights.__getitem__, reverse=True)[: MAX_KEYS // 2]
+    kept = [(keys[i], values[i]) for i in order if i < len(keys)]
     table.clear()
-    table.update(keep)
+    table.update(kept)
     return True
 
 

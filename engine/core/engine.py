@@ -59,7 +59,7 @@ class LLMEngine:
         kv_caches = allocate_kv_caches(loaded.model_config, self.capacity.num_blocks, config.block_size, dtype, device)
         self.runner = ModelRunner(loaded.model, kv_caches, self.kv, device)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.sampler = Sampler(device, config.seed)
+        self.sampler = Sampler(device, config.seed, loaded.suppress_token_ids)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.vocab_size = loaded.model_config.vocab_size
         self.requests: dict[str, Request] = {}

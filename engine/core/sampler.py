@@ -1,4 +1,4 @@
-"""Token sampling from the last position's logits: greedy, temperature, top-k, top-p, per-request seeds."""
+"""Token sampling from the last position's logits: suppressed ids, greedy, temperature, top-k, top-p, seeds."""
 
 import torch
 
@@ -8,13 +8,19 @@ from engine.core.sequence import Request
 class Sampler:
     """Samples one token per row. One host copy (`tolist`) per step: the tokens are needed anyway."""
 
-    def __init__(self, device: torch.device, seed: int):
+    def __init__(self, device: torch.device, seed: int, suppress_token_ids: list[int] | None = None):
+        """`suppress_token_ids` (the checkpoint's `suppress_tokens`) are never sampled, in any mode."""
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.suppress_ids: torch.Tensor | None = None
+        if suppress_token_ids:
+            self.suppress_ids = torch.tensor(suppress_token_ids, dtype=torch.long, device=device)  # [S]
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """logits [num_rows, vocab] -> one token id per row, rows in the order of `requests`."""
+        if self.suppress_ids is not None:  # -inf: argmax skips them, softmax gives them 0
+            logits = logits.index_fill(1, self.suppress_ids, float("-inf"))
         if all(r.params.temperature == 0.0 for r in requests):
             return logits.argmax(dim=-1).tolist()
         return self._sample_mixed(logits.float(), requests)

@@ -37,12 +37,22 @@ BUILTIN_CONFIG = ModelConfig(
     bos_token_id=_TOKENIZER.bos_token_id,
     eos_token_id=_TOKENIZER.eos_token_id,
 )
+# Never sampled: control bytes but '\n', DEL and every byte >= 0x80 (UTF-8 lead and continuation
+# bytes), and the specials but eos. Each sampled token is then one printable ASCII character or
+# '\n' (or eos), so the noise decodes token by token and no partial UTF-8 is held back.
+BUILTIN_SUPPRESS_TOKEN_IDS = [
+    *(b for b in range(0x20) if b != 0x0A),
+    *range(0x7F, 0x100),
+    *(i for i in range(256, _TOKENIZER.vocab_size) if i != _TOKENIZER.eos_token_id),
+]
 
 
 def builtin_digest(cfg: ModelConfig = BUILTIN_CONFIG, seed: int = BUILTIN_SEED) -> str:
-    """Short sha256 over the config, the seed and the weight recipe version."""
+    """Short sha256 over the config, the seed, the weight recipe version and the suppressed ids."""
     payload = json.dumps(
-        {"config": dataclasses.asdict(cfg), "seed": seed, "version": BUILTIN_VERSION}, sort_keys=True
+        {"config": dataclasses.asdict(cfg), "seed": seed, "version": BUILTIN_VERSION,
+         "suppress_token_ids": BUILTIN_SUPPRESS_TOKEN_IDS},
+        sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 

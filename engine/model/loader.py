@@ -1,7 +1,7 @@
 """load_model: the built-in model or a Hugging Face checkpoint folder, checked against memory first."""
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -12,6 +12,7 @@ from engine.errors import ModelLoadError, OutOfMemoryError
 from engine.model.builtin import (
     BUILTIN_CONFIG,
     BUILTIN_NAME,
+    BUILTIN_SUPPRESS_TOKEN_IDS,
     build_builtin,
     builtin_digest,
     builtin_tokenizer,
@@ -31,6 +32,7 @@ class LoadedModel:
     name: str
     digest: str
     weights_bytes: int
+    suppress_token_ids: list[int] = field(default_factory=list)  # never sampled; never holds eos
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -42,7 +44,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
         weights_bytes = cfg.num_params() * dtype.itemsize
         check_memory(weights_bytes, dtype, device, config.gpu_memory_utilization)
         model = build_builtin(dtype, device)
-        return LoadedModel(model, cfg, builtin_tokenizer(), BUILTIN_NAME, builtin_digest(), weights_bytes)
+        return LoadedModel(model, cfg, builtin_tokenizer(), BUILTIN_NAME, builtin_digest(), weights_bytes,
+                           list(BUILTIN_SUPPRESS_TOKEN_IDS))
     folder = Path(config.model).expanduser()
     if not folder.exists():
         raise ModelLoadError(f"model folder {folder} does not exist (use 'builtin' or a Hugging Face checkpoint folder)")
@@ -56,9 +59,11 @@ def load_model(config: EngineConfig) -> LoadedModel:
     weights_bytes = cfg.num_params() * dtype.itemsize
     check_memory(weights_bytes, dtype, device, config.gpu_memory_utilization)
     tokenizer = HFTokenizer(folder, cfg.eos_token_id)
+    suppress_ids = read_suppress_token_ids(folder, cfg.vocab_size, {cfg.eos_token_id, tokenizer.eos_token_id})
     model = load_weights(cfg, files, dtype, device)
     name = folder.resolve().name
-    return LoadedModel(model, cfg, tokenizer, name, checkpoint_digest(config_path, files), weights_bytes)
+    return LoadedModel(model, cfg, tokenizer, name, checkpoint_digest(config_path, files), weights_bytes,
+                       suppress_ids)
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -164,6 +169,20 @@ def load_weights(cfg: ModelConfig, files: list[Path], dtype: torch.dtype, device
     model.load_state_dict(state, assign=True, strict=False)
     model.tie_weights()
     return model.eval()
+
+
+def read_suppress_token_ids(folder: Path, vocab_size: int, eos_token_ids: set[int | None]) -> list[int]:
+    """`suppress_tokens` of generation_config.json, as Hugging Face reads it (no file or key: none).
+
+    Eos is dropped from the list: a request must always be able to stop on its own.
+    """
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return []
+    ids = read_json(path).get("suppress_tokens") or []
+    if not isinstance(ids, list) or any(type(i) is not int or not 0 <= i < vocab_size for i in ids):
+        raise ModelLoadError(f"{path}: suppress_tokens must be a list of token ids in 0..{vocab_size - 1}")
+    return sorted(set(ids) - eos_token_ids)
 
 
 def checkpoint_digest(config_path: Path, files: list[Path]) -> str:

@@ -46,6 +46,17 @@ def test_greedy_rows_take_the_argmax_in_a_mixed_batch():
     assert Sampler(torch.device("cpu"), seed=0).sample(logits, requests) == [1, 0]
 
 
+def test_suppressed_ids_are_never_picked_in_any_mode():
+    logits = torch.tensor([[0.0, 9.0, 8.0, 1.0]] * 3)
+    requests = rows([SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=1, seed=3),
+                     SamplingParams(temperature=1.0, top_p=0.5)])
+    sampler = Sampler(torch.device("cpu"), seed=0, suppress_token_ids=[1, 3])
+    assert sampler.sample(logits, requests) == [2, 2, 2]  # 1 was everyone's first choice
+    flat = rows([SamplingParams(temperature=100.0)])  # near-uniform: only 0 and 2 remain
+    assert {sampler.sample(logits[:1], flat)[0] for _ in range(200)} == {0, 2}
+    assert logits[0, 1] == 9.0  # the caller's logits are left as they were
+
+
 def test_bad_sampling_params_name_the_field():
     import pytest
 

@@ -34,8 +34,11 @@ def test_builtin_shape_and_size(builtin):
 def test_builtin_noise_does_not_stop_at_once(builtin):
     """Sampled from the builtin's noise, eos is rare: generations run on."""
     ids = torch.tensor([builtin.tokenizer.encode("<|begin_of_text|>hello there, model")])
-    probs = builtin.model.forward_full(ids)[0].softmax(-1)  # [S, vocab]
-    assert probs[:, 257].max() < 1 / 260
+    logits = builtin.model.forward_full(ids)[0]  # [S, vocab]
+    assert logits.softmax(-1)[:, 257].max() < 1 / 260
+    suppressed = torch.tensor(builtin.suppress_token_ids)
+    probs = logits.index_fill(-1, suppressed, float("-inf")).softmax(-1)  # what the sampler draws from
+    assert probs[:, 257].max() < 1 / (260 - len(suppressed))  # below a uniform share
 
 
 def test_builtin_bfloat16_weights_follow_the_same_seed(builtin):

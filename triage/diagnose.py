@@ -43,7 +43,8 @@ class Dispatcher:
         self.since, self.until = since, until
 
     def feed(self, ev: Event) -> None:
-        if ev.ts is not None and ((self.since and ev.ts < self.since) or (self.until and ev.ts > self.until)):
+        if (self.since or self.until) and ev.ts is not None and (
+                (self.since and ev.ts < self.since) or (self.until and ev.ts > self.until)):
             return
         self.facts.observe(ev)
         for rule in self.by_kind.get(ev.kind, ()):

@@ -39,6 +39,13 @@ def parse_iso(s: str) -> datetime | None:
 
 def _from_iso_c(s: str) -> datetime | None:
     """datetime.fromisoformat (C) for the common shapes; the slicing parser for the rest (9-digit fractions)."""
+    if s[-1:] == "Z" and len(s) >= 20 and s[13:14] == ":" and s[16:17] == ":":  # naive UTC in one C call
+        try:
+            dt = datetime.fromisoformat(s[:-1])
+        except ValueError:
+            dt = None
+        if dt is not None and dt.tzinfo is None:
+            return dt
     try:
         dt = datetime.fromisoformat(s)
     except ValueError:

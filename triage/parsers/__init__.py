@@ -15,6 +15,15 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line \d+, in (?P<func>[\w<>.]+
 _EXC_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt)\b")
 _CUDA_RUNTIME = re.compile(r"\+cu(?P<v>\d{3,4})\b|CUDA runtime version:? (?P<v2>\d+\.\d+)")
 MAX_FRAMES = 60
+_SCAN_ONCE = json.JSONDecoder().scan_once  # json's C scanner, without json.loads' three Python frames
+
+
+def _loads_line(line: str):
+    """json.loads for a line that starts with "{" (so no BOM); StopIteration or ValueError when invalid."""
+    obj, end = _SCAN_ONCE(line, 0)
+    if end != len(line) and line[end:].strip(" \t\n\r"):
+        raise ValueError("extra data after the JSON value")
+    return obj
 
 
 class FileParser:
@@ -43,8 +52,8 @@ class FileParser:
         if _uninteresting(line):
             return []
         try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):  # RecursionError: pathologically nested input
+            obj = _loads_line(line)
+        except (ValueError, RecursionError, StopIteration):  # RecursionError: pathologically nested input
             return None
         if not isinstance(obj, dict):
             return None
@@ -140,6 +149,8 @@ class FileParser:
 
 # Engine events no rule reads (unless they carry prompt text): skipped before decoding the JSON.
 _SKIP_EVENTS = ('"event":"request.first_token"', '"event":"http.access"', '"event":"request.received"')
+
+
 
 
 _EVENT_TAIL = methodcaller("partition", '"event":"')

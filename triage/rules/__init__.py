@@ -82,18 +82,20 @@ class Facts:
 
     def observe(self, ev: Event) -> None:
         self.num_events += 1
-        if ev.ts is not None and (ev.kind.startswith("request.") or ev.kind == "http.access"):
-            if self.last_request_ts is None or ev.ts > self.last_request_ts:
-                self.last_request_ts = ev.ts
-        if ev.ts is not None:
-            if self.first_ts is None or ev.ts < self.first_ts:
-                self.first_ts = ev.ts
-            if self.last_ts is None or ev.ts > self.last_ts:
-                self.last_ts = ev.ts
-        if ev.kind in ("request.finished", "request.aborted") and ev.source == "engine-json":
+        kind, ts = ev.kind, ev.ts
+        if ts is not None:
+            if (kind.startswith("request.") or kind == "http.access") and (
+                    self.last_request_ts is None or ts > self.last_request_ts):
+                self.last_request_ts = ts
+            if self.first_ts is None or ts < self.first_ts:
+                self.first_ts = ts
+            if self.last_ts is None or ts > self.last_ts:
+                self.last_ts = ts
+        if kind == "http.access":
+            if ev.source != "engine-json":
+                self.num_gateway_requests += 1
+        elif (kind == "request.finished" or kind == "request.aborted") and ev.source == "engine-json":
             self.num_engine_requests += 1
-        elif ev.kind == "http.access" and ev.source != "engine-json":
-            self.num_gateway_requests += 1
 
     @property
     def num_requests(self) -> int:

@@ -82,7 +82,11 @@ class MemoryRule(Rule):
 
     def observe(self, ev: Event) -> None:
         kind = ev.kind
-        if kind.startswith("phase."):
+        if kind == "request.finished":  # the common kind first: one test for most events
+            if ev.fields.get("finish_reason") == "error" and any(
+                    w in str(ev.fields.get("error", "")) for w in _OOM_WORDS):
+                self.cands["oom-runtime"].add(ev, "request.finished.error", False, request_ids_of(ev))
+        elif kind.startswith("phase."):
             self.file_phase[ev.file] = _PHASE_OF_MARKER[kind]
         elif kind in ("engine.startup", "engine.stats"):  # a stats line means the engine was serving
             self.file_phase[ev.file] = "runtime"
@@ -107,9 +111,6 @@ class MemoryRule(Rule):
             labels = ev.fields["labels"]
             if (labels.get("finish_reason") or labels.get("finished_reason")) == "error":
                 self.error_metrics.append(ev)
-        elif kind == "request.finished" and ev.fields.get("finish_reason") == "error":
-            if any(w in str(ev.fields.get("error", "")) for w in _OOM_WORDS):
-                self.cands["oom-runtime"].add(ev, "request.finished.error", False, request_ids_of(ev))
 
     def _engine_error(self, ev: Event) -> None:
         f = ev.fields

@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--dtype", choices=DTYPES, default="auto")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--torch-threads", type=pos_int, metavar="N",
+                    help="torch CPU threads (default on CPU: the usable cores minus one, kept for the "
+                         "HTTP event loop; at least 1)")
     test_only = ap.add_argument_group("fault injection (test-only, off by default)")
     test_only.add_argument("--fault-crash-after-requests", type=pos_int, metavar="N")
     test_only.add_argument("--fault-oom-after-requests", type=pos_int, metavar="N")
@@ -130,6 +133,21 @@ def configs_from_args(args: argparse.Namespace) -> tuple[EngineConfig, ServerCon
     return engine, server
 
 
+def torch_threads(requested: int | None, device: str) -> int | None:
+    """Threads for torch's CPU ops; None leaves torch's default (a GPU does the work).
+
+    On CPU one core is left to the event loop (HTTP, SSE, logs): with every core in an OpenMP
+    team, each op's barrier waits whenever the loop thread has a peer descheduled, and steps
+    slow down far more than the loop's own work (docs/model.md: a batch-32 step 10x slower).
+    """
+    if requested is not None:
+        return requested
+    if device != "cpu":
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
 def _open_log(args: argparse.Namespace) -> EventLogger:
     stream = sys.stdout
     if args.log_file:
@@ -152,6 +170,11 @@ def run(argv: list[str] | None = None) -> int:
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     log = _open_log(args)
+    threads = torch_threads(args.torch_threads, args.device)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     try:
         try:
             llm = load_engine(engine_config, log)

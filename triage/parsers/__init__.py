@@ -3,8 +3,8 @@
 import json
 import re
 from collections.abc import Iterable
-from itertools import compress
-from operator import and_, itemgetter, methodcaller, not_
+from itertools import compress, repeat
+from operator import and_, itemgetter, methodcaller, not_, or_, truth
 
 from triage.model import Event
 from triage.parsers import client, engine_json, gateways, metrics_text, text_logs
@@ -156,6 +156,8 @@ _SKIP_EVENTS = ('"event":"request.first_token"', '"event":"http.access"', '"even
 _EVENT_TAIL = methodcaller("partition", '"event":"')
 _OPENS_OBJECT = methodcaller("startswith", "{")
 _SKIPPED_KIND = methodcaller("startswith", tuple(k[9:] for k in _SKIP_EVENTS))
+_SCHEDULED = methodcaller("startswith", 'request.scheduled"')
+_SHORT_QUEUE = re.compile(r'"queue_s":-?0(?:\.\d*)?(?![\d.eE+\-])')  # a number _quick_number reads as < 1
 
 
 def wanted_lines(block: str) -> Iterable[tuple[int, str]]:
@@ -168,8 +170,11 @@ def wanted_lines(block: str) -> Iterable[tuple[int, str]]:
     lines.pop()
     if '"event":"' not in block or '"prompt":' in block:
         return enumerate(lines)
-    tails = map(itemgetter(2), map(_EVENT_TAIL, lines))
-    skipped = map(and_, map(_OPENS_OBJECT, lines), map(_SKIPPED_KIND, tails))
+    tails = list(map(itemgetter(2), map(_EVENT_TAIL, lines)))
+    # request.scheduled with a short queue: the first "queue_s" (find) reads below one second
+    short_queue = map(truth, map(_SHORT_QUEUE.match, lines, map(str.find, lines, repeat('"queue_s":'))))
+    skipped_kind = map(or_, map(_SKIPPED_KIND, tails), map(and_, map(_SCHEDULED, tails), short_queue))
+    skipped = map(and_, map(_OPENS_OBJECT, lines), skipped_kind)
     return ((i, lines[i]) for i in compress(range(len(lines)), map(not_, skipped)))
 
 

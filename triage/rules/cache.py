@@ -27,10 +27,10 @@ def _prune(table: dict) -> bool:
         weights = values
     keys = list(table)
     if max(weights, default=0) == min(weights, default=0):  # all seen alike: the oldest half, in order
-        order = range(MAX_KEYS // 2)
+        kept = list(zip(keys[: MAX_KEYS // 2], values[: MAX_KEYS // 2], strict=True))
     else:
         order = sorted(range(len(keys)), key=weights.__getitem__, reverse=True)[: MAX_KEYS // 2]
-    kept = [(keys[i], values[i]) for i in order if i < len(keys)]
+        kept = [(keys[i], values[i]) for i in order]
     table.clear()
     table.update(kept)
     return True

@@ -1,11 +1,14 @@
 """Server overhead: output tokens/s through HTTP (llmserve, SSE) vs the AsyncEngine called directly.
 
 32 concurrent streams of the same prompts and lengths (ignore_eos, greedy) both ways, same model
-and engine settings. The server runs as its own process (as in production) with JSON logs going
+and engine settings, torch's CPU threads included (`--threads`, default llmserve's own: the usable
+cores minus one). The server runs as its own process (as in production) with JSON logs going
 to a file; while the HTTP run is busy, /metrics is scraped once a second and its latency recorded.
 Runs alternate (engine, HTTP) `--repeats` times and the medians are compared.
 Prints one JSON object as its last line: `http_vs_engine_throughput_ratio` (target >= 0.8) and
-`metrics_scrape_p50_s`.
+`metrics_scrape_p50_s`; on Linux also CPU milliseconds per output token of the bench process in
+the engine runs and of the server process in the HTTP runs (client excluded), whose ratio
+`http_vs_engine_cpu_ratio` moves far less with the machine's load than wall-clock throughput.
 
     python bench/server_overhead.py --quick
 """
@@ -23,6 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -31,6 +35,7 @@ from engine.core.async_engine import AsyncEngine  # noqa: E402
 from engine.core.config import EngineConfig  # noqa: E402
 from engine.core.engine import LLMEngine  # noqa: E402
 from engine.core.sampling import SamplingParams  # noqa: E402
+from engine.server.cli import torch_threads  # noqa: E402
 
 MAX_MODEL_LEN = 1024
 SCRAPE_INTERVAL_S = 1.0  # Prometheus scrapes every 15-60 s; once a second is already harsh
@@ -111,12 +116,28 @@ async def http_run(url: str, prompts, max_tokens: int) -> tuple[int, float, list
     return sum(counts), elapsed, scrapes
 
 
-def start_server(log_path: str) -> tuple[subprocess.Popen, str]:
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_ms_per_token(runs: list[tuple[int, float, float | None]]) -> float | None:
+    if any(cpu_s is None for _, _, cpu_s in runs):
+        return None
+    return statistics.median(1000 * cpu_s / tokens for tokens, _, cpu_s in runs)
+
+
+def start_server(log_path: str, threads: int) -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "engine.server", "--port", str(port), "--max-model-len",
-                             str(MAX_MODEL_LEN), "--log-file", log_path], cwd=REPO)
+                             str(MAX_MODEL_LEN), "--log-file", log_path, "--torch-threads", str(threads)],
+                            cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
@@ -135,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of each; medians reported")
+    parser.add_argument("--threads", type=int, default=torch_threads(None, "cpu"),
+                        help="torch CPU threads, both ways (default: llmserve's CPU default)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     max_tokens = 32 if args.quick else 128
     prompts = make_prompts(args.streams, args.prompt_tokens)
 
@@ -143,34 +167,43 @@ def main(argv: list[str] | None = None) -> int:
     engine.start()
     engine_runs, http_runs, scrapes = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_server(os.path.join(tmp, "llmserve.log"))
+        proc, url = start_server(os.path.join(tmp, "llmserve.log"), args.threads)
         try:
             asyncio.run(engine_run(prompts[:4], 4, "warm", engine))
             asyncio.run(http_run(url, prompts[:4], 4))
             # Interleaved repeats, medians: a shared machine's load drifts during the run.
             for r in range(args.repeats):
-                engine_runs.append(asyncio.run(engine_run(prompts, max_tokens, f"run{r}", engine)))
+                cpu0 = time.process_time()
+                tokens, seconds = asyncio.run(engine_run(prompts, max_tokens, f"run{r}", engine))
+                engine_runs.append((tokens, seconds, time.process_time() - cpu0))
+                cpu0 = process_cpu_s(proc.pid)
                 tokens, seconds, run_scrapes = asyncio.run(http_run(url, prompts, max_tokens))
-                http_runs.append((tokens, seconds))
+                cpu1 = process_cpu_s(proc.pid)
+                http_runs.append((tokens, seconds, None if cpu0 is None or cpu1 is None else cpu1 - cpu0))
                 scrapes += run_scrapes
         finally:
             proc.terminate()
             proc.wait(timeout=60)
             engine.shutdown()
     engine_tokens, http_tokens = engine_runs[-1][0], http_runs[-1][0]
-    engine_tps = statistics.median(t / s for t, s in engine_runs)
-    http_tps = statistics.median(t / s for t, s in http_runs)
+    engine_tps = statistics.median(t / s for t, s, _ in engine_runs)
+    http_tps = statistics.median(t / s for t, s, _ in http_runs)
+    engine_cpu, http_cpu = _cpu_ms_per_token(engine_runs), _cpu_ms_per_token(http_runs)
     result = {
         "streams": args.streams, "output_tokens_per_stream": max_tokens, "repeats": args.repeats,
+        "torch_threads": args.threads,
         "engine_tokens": engine_tokens, "http_tokens": http_tokens,
         "engine_output_tokens_per_s": round(engine_tps, 1), "http_output_tokens_per_s": round(http_tps, 1),
         "http_vs_engine_throughput_ratio": round(http_tps / engine_tps, 3),
+        "engine_cpu_ms_per_token": None if engine_cpu is None else round(engine_cpu, 3),
+        "http_server_cpu_ms_per_token": None if http_cpu is None else round(http_cpu, 3),
+        "http_vs_engine_cpu_ratio": None if engine_cpu is None or http_cpu is None else round(engine_cpu / http_cpu, 3),
         "metrics_scrape_p50_s": round(statistics.median(scrapes), 5) if scrapes else None,
         "metrics_scrapes": len(scrapes),
     }
     print(json.dumps(result))
     expected = args.streams * max_tokens
-    return 0 if all(t == expected for t, _ in engine_runs + http_runs) else 1
+    return 0 if all(t == expected for t, _, _ in engine_runs + http_runs) else 1
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ class FileParser:
         if not line or line.isspace():
             return []
         head = line[0]
+        # The bulk of a large access log, straight to its parser: exactly what _structured would reach
+        if (head.isdigit() or head == "[") and self.csv is None and lineno > 3 and (
+                m := gateways.NGINX_UPSTREAMINFO.match(line)):
+            return [gateways.upstreaminfo_access(m, self.file, lineno, line)]
         if head == "{":
             events = self._json(lineno, line)
             if events is not None:

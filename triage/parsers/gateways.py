@@ -27,7 +27,7 @@ _TAIL_KV = re.compile(r'(\w+)=("[^"]*"|\S+)')
 _UPSTREAMINFO = re.compile(
     r"^ \d+ (?P<rt>[\d.]+) \[[^\]]*\] \[[^\]]*\] (?P<addr>\S+) \S+ (?P<urt>[\d.]+|-) (?P<us>\S+)(?: (?P<rid>\S+))?$")
 # The whole ingress-nginx upstreaminfo line in one match: the common case of a large access log.
-_NGINX_UPSTREAMINFO = re.compile(_NGINX_ACCESS.pattern[:-len("(?P<tail>.*)$")] + _UPSTREAMINFO.pattern[1:])
+NGINX_UPSTREAMINFO = re.compile(_NGINX_ACCESS.pattern[:-len("(?P<tail>.*)$")] + _UPSTREAMINFO.pattern[1:])
 _ADDR = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:]+\]|[\w.-]+):\d+$")
 _ENVOY_TIMEOUT = {"UT", "SI"}
 _ENVOY_CLIENT = {"DC", "DI"}
@@ -99,8 +99,8 @@ def _nginx_tail(tail: str, fields: dict) -> None:
         fields["upstream_s"] = floats[1]
 
 
-def _upstreaminfo_access(m: re.Match, file: str, lineno: int, line: str) -> Event:
-    """parse_nginx_access's event (same fields, same order) from one _NGINX_UPSTREAMINFO match."""
+def upstreaminfo_access(m: re.Match, file: str, lineno: int, line: str) -> Event:
+    """parse_nginx_access's event (the same fields) from one NGINX_UPSTREAMINFO match."""
     (client, time, request, status, raw_bytes, _, ua, rt, addr, urt, us, rid) = m.groups()
     status = int(status)
     method, _, rest = request.partition(" ")
@@ -115,9 +115,9 @@ def _upstreaminfo_access(m: re.Match, file: str, lineno: int, line: str) -> Even
 
 
 def parse_nginx_access(line: str, file: str, lineno: int) -> Event | None:
-    m = _NGINX_UPSTREAMINFO.match(line)
+    m = NGINX_UPSTREAMINFO.match(line)
     if m is not None:
-        return _upstreaminfo_access(m, file, lineno, line)
+        return upstreaminfo_access(m, file, lineno, line)
     m = _NGINX_ACCESS.match(line)
     if m is None:
         return None

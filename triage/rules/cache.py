@@ -64,7 +64,12 @@ class CacheRule(Rule):
 
     def observe(self, ev: Event) -> None:
         kind, f = ev.kind, ev.fields
-        if kind == "engine.startup":
+        if kind == "request.finished":  # the two common kinds first
+            self._finished(ev)
+        elif kind == "http.access":
+            if f.get("upstream_addr") and ev.source != "engine-json":
+                self._routing(ev)
+        elif kind == "engine.startup":
             self.block_size = int(f.get("block_size") or self.block_size)
             if f.get("prefix_caching") is False:
                 self.cands["disabled"].add(ev, "engine.startup.prefix_caching_false", True)
@@ -72,16 +77,12 @@ class CacheRule(Rule):
             off = f.get("enabled") in ("False", "false") or f.get("disabled") == "True"
             if off:
                 self.cands["disabled"].add(ev, "config.prefix_caching_off", True)
-        elif kind == "request.finished":
-            self._finished(ev)
         elif kind == "engine.stats":
             self._stats(ev)
         elif kind == "metric":
             self._metric(ev)
         elif kind == "request.received" and isinstance(f.get("prompt"), str):
             self._prompt_text(ev, f["prompt"])
-        elif kind == "http.access" and f.get("upstream_addr") and ev.source != "engine-json":
-            self._routing(ev)
 
     def _finished(self, ev: Event) -> None:
         f = ev.fields

@@ -50,7 +50,10 @@ class LoadRule(Rule):
 
     def observe(self, ev: Event) -> None:
         kind, f = ev.kind, ev.fields
-        if kind == "request.preempted":
+        if kind == "http.access":  # the common kind first
+            if f.get("status") == 429:
+                self.queue.add(ev, "http.429", True, request_ids_of(ev))
+        elif kind == "request.preempted":
             self.num_preemptions += 1
             self.preempt.add(ev, kind, True, request_ids_of(ev))
         elif kind == "engine.preemption":
@@ -74,8 +77,6 @@ class LoadRule(Rule):
             if isinstance(queue_s, int | float) and queue_s >= SLOW_QUEUE_S:
                 self.num_slow_queue += 1
                 self.queue.add(ev, "request.scheduled.slow_queue", False, request_ids_of(ev))
-        elif kind == "http.access" and f.get("status") == 429:
-            self.queue.add(ev, "http.429", True, request_ids_of(ev))
 
     def _stats(self, ev: Event) -> None:
         f = ev.fields

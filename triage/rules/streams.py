@@ -117,7 +117,8 @@ class StreamRule(Rule):
             self.crash.add(ev, f"{ev.source}.upstream_failed", False, request_ids_of(ev))
         duration = f.get("duration_s")
         if duration and duration >= 1.0 and len(self.timeout_durations) < 10_000:
-            self.timeout_durations[round(duration, 1)] += 1
+            key = round(duration, 1)
+            self.timeout_durations[key] = self.timeout_durations.get(key, 0) + 1
 
     # --- client side ---
     def _gateway_client_closed(self, ev: Event) -> None:

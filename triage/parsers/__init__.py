@@ -4,7 +4,7 @@ import json
 import re
 from collections.abc import Iterable
 from itertools import compress, repeat
-from operator import and_, itemgetter, methodcaller, not_, or_, truth
+from operator import and_, not_
 
 from triage.model import Event
 from triage.parsers import client, engine_json, gateways, metrics_text, text_logs
@@ -157,29 +157,33 @@ _SKIP_EVENTS = ('"event":"request.first_token"', '"event":"http.access"', '"even
 
 
 
-_EVENT_TAIL = methodcaller("partition", '"event":"')
-_OPENS_OBJECT = methodcaller("startswith", "{")
-_SKIPPED_KIND = methodcaller("startswith", tuple(k[9:] for k in _SKIP_EVENTS))
-_SCHEDULED = methodcaller("startswith", 'request.scheduled"')
+_SCHEDULED = '"event":"request.scheduled"'
 _SHORT_QUEUE = re.compile(r'"queue_s":-?0(?:\.\d*)?(?![\d.eE+\-])')  # a number _quick_number reads as < 1
 
 
 def wanted_lines(block: str) -> Iterable[tuple[int, str]]:
     """(index, line) of a block's lines that may hold events (read_blocks' blocks end in "\\n").
 
-    The engine events _uninteresting skips are dropped here by C-level maps, before any per-line Python:
-    three lines in five of an engine log. A line that logs a prompt is user text, so such blocks are
-    left whole."""
+    The engine events _uninteresting skips are dropped here, most by C-level maps before any per-line
+    Python: four lines in five of an engine log. A line that logs a prompt is user text, so such blocks
+    are left whole."""
     lines = block.split("\n")
     lines.pop()
     if '"event":"' not in block or '"prompt":' in block:
         return enumerate(lines)
-    tails = list(map(itemgetter(2), map(_EVENT_TAIL, lines)))
-    # request.scheduled with a short queue: the first "queue_s" (find) reads below one second
-    short_queue = map(truth, map(_SHORT_QUEUE.match, lines, map(str.find, lines, repeat('"queue_s":'))))
-    skipped_kind = map(or_, map(_SKIPPED_KIND, tails), map(and_, map(_SCHEDULED, tails), short_queue))
-    skipped = map(and_, map(_OPENS_OBJECT, lines), skipped_kind)
-    return ((i, lines[i]) for i in compress(range(len(lines)), map(not_, skipped)))
+    # str.find gives -1 without the key, and startswith(key, -1) then looks at the last character only
+    at_event = list(map(str.find, lines, repeat('"event":"')))
+    skipped = map(and_, map(str.startswith, lines, repeat("{")), map(str.startswith, lines, repeat(_SKIP_EVENTS),
+                                                                   at_event))
+    out = []
+    for i in compress(range(len(lines)), map(not_, skipped)):
+        line = lines[i]
+        at = at_event[i]
+        if at > 0 and line.startswith(_SCHEDULED, at) and line[0] == "{" and _SHORT_QUEUE.match(
+                line, line.find('"queue_s":')):  # the first "queue_s", as _quick_number reads it
+            continue
+        out.append((i, line))
+    return out
 
 
 def _uninteresting(line: str) -> bool:

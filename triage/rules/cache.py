@@ -21,16 +21,14 @@ def _prune(table: dict) -> bool:
     """Keeps the most repeated half (a random prompt's blocks are seen once); amortised O(1) per insert.
     Ties keep their insertion order (a stable sort); the weights are summed in C."""
     values = list(table.values())
-    if values and isinstance(values[0], dict):
-        weights = list(map(sum, map(dict.values, values)))
-    else:
-        weights = values
+    weights = list(map(sum, map(dict.values, values))) if values and isinstance(values[0], dict) else values
     keys = list(table)
-    if max(weights, default=0) == min(weights, default=0):  # all seen alike: the oldest half, in order
-        kept = list(zip(keys[: MAX_KEYS // 2], values[: MAX_KEYS // 2], strict=True))
-    else:
-        order = sorted(range(len(keys)), key=weights.__getitem__, reverse=True)[: MAX_KEYS // 2]
-        kept = [(keys[i], values[i]) for i in order]
+    if max(weights, default=0) == min(weights, default=0):  # all seen alike: the oldest half stays, in order
+        for key in keys[MAX_KEYS // 2:]:
+            del table[key]
+        return True
+    order = sorted(range(len(keys)), key=weights.__getitem__, reverse=True)[: MAX_KEYS // 2]
+    kept = dict(zip([keys[i] for i in order], [values[i] for i in order], strict=True))
     table.clear()
     table.update(kept)
     return True

@@ -107,11 +107,12 @@ class CacheRule(Rule):
         for j in range(1, len(fp) - 1):
             key = (j, fp[j], fp[j + 1])
             prefixes = table.get(key)
+            head = tuple(fp[:j])
             if prefixes is None:
                 if len(table) >= MAX_KEYS and not _prune(table):
                     continue
-                prefixes = table[key] = {}
-            head = tuple(fp[:j])
+                table[key] = {head: 1}  # a new key: one prefix, nothing to sample yet
+                continue
             if head not in prefixes and len(prefixes) >= 64:
                 continue
             prefixes[head] = prefixes.get(head, 0) + 1

@@ -152,7 +152,7 @@ class StreamRule(Rule):
     # --- buffering: client vs engine time to first token ---
     def _request_finished(self, ev: Event) -> None:
         ttft = ev.fields.get("ttft_s")
-        if isinstance(ttft, int | float) and len(self.server_ttft) < MAX_SAMPLES:
+        if isinstance(ttft, (int, float)) and len(self.server_ttft) < MAX_SAMPLES:  # a tuple: no Union per call
             self.server_ttft.append(float(ttft))
             if len(self.server_samples) < 2:
                 self.server_samples.append(ev)

@@ -1,0 +1,71 @@
+"""The speed-ups drop or shortcut lines in bulk: they must never change what the rules receive."""
+
+import string
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from triage.parsers import FileParser, _uninteresting, wanted_lines
+from triage.reader import BLOCK_BYTES, Notes, read_lines
+
+HEAD = '{"ts":"2026-11-29T19:00:00.000Z","level":"info","logger":"llmserve","request_id":"chatcmpl-1",'
+ENGINE_SEEDS = [
+    HEAD + '"event":"request.received","prompt_tokens":64,"max_tokens":32}',
+    HEAD + '"event":"request.scheduled","queue_s":0.002,"cached_tokens":0}',
+    HEAD + '"event":"request.scheduled","queue_s":2.5,"cached_tokens":0}',
+    HEAD + '"event":"request.first_token","ttft_s":0.04}',
+    HEAD + '"event":"request.finished","finish_reason":"stop","prompt_tokens":64,"ttft_s":0.04}',
+    HEAD + '"event":"http.access","method":"POST","status":200}',
+    '127.0.0.1 - - [29/Nov/2026:19:40:01 +0000] "POST /v1/chat/completions HTTP/1.1" 200 2048 "-" "ua" 412 '
+    '0.912 [llm-engine] [] 127.0.0.1:8000 2048 0.911 200 0123abcd',
+]
+PIECES = ['"queue_s":1.5', '"queue_s":0.5e3', '"queue_s":-0.2', '"queue_s":0', '"queue_s":00.1', '"prompt":"a"',
+          '"event":"request.finished"', '"event":"http.access"', '"event":"request.scheduled"', " ", "x", "{"]
+
+
+@st.composite
+def engine_line(draw):
+    line = draw(st.sampled_from(ENGINE_SEEDS))
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(0, len(line)))
+        junk = draw(st.sampled_from(PIECES) | st.text(alphabet=string.printable.replace("\n", ""), max_size=5))
+        line = line[:at] + junk + line[at:]
+    return line.replace("\n", "").replace("\r", "")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(engine_line(), min_size=1, max_size=12))
+def test_wanted_lines_keeps_every_line_the_parser_reads(lines):
+    block = "\n".join(lines) + "\n"
+    kept = {i for i, _ in wanted_lines(block)}
+    for i, line in enumerate(lines):
+        if i not in kept:  # dropped in bulk: the per-line path would have skipped it too
+            assert line.startswith("{") and _uninteresting(line), line
+            assert FileParser("x.log").parse(i + 1, line) == []
+
+
+def test_wanted_lines_drops_unread_engine_events():
+    block = "\n".join(ENGINE_SEEDS) + "\n"
+    assert [i for i, _ in wanted_lines(block)] == [2, 4, 6]  # slow schedule, finish, access line
+    prompt = HEAD + '"event":"request.received","prompt":"2026-11-29 hello"}\n'
+    assert [i for i, _ in wanted_lines(block + prompt)] == list(range(8))  # logged prompts: whole block kept
+
+
+def test_fast_access_path_equals_the_general_parser():
+    line = ENGINE_SEEDS[-1]
+    fast = FileParser("a.log").parse(10, line)  # line 10: past the CSV sniffing, straight to the access regex
+    general = FileParser("a.log")._structured(line[0], 10, line)
+    assert len(fast) == 1 and fast[0].fields == general.fields and fast[0].ts == general.ts
+    assert fast[0].fields["upstream_addr"] == "127.0.0.1:8000" and fast[0].fields["duration_s"] == 0.912
+
+
+def test_line_endings_and_block_edges(tmp_path):
+    path = tmp_path / "mixed.log"
+    path.write_bytes(b"a\r\nb\rc\n\nd\r")
+    assert list(read_lines(path, Notes())) == [(1, "a"), (2, "b"), (3, "c"), (4, ""), (5, "d")]
+    long_lines = [("x" * 1000 + str(i)) for i in range(3 * BLOCK_BYTES // 1000)]  # lines across block edges
+    path.write_text("\r\n".join(long_lines))
+    assert [text for _, text in read_lines(path, Notes())] == long_lines
+    path.write_bytes(("é" * BLOCK_BYTES + "\n").encode())  # a two-byte character split by a block edge
+    notes = Notes()
+    assert list(read_lines(path, notes)) == [(1, "é" * BLOCK_BYTES)] and notes.lines == []

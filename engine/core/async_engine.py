@@ -2,8 +2,10 @@
 
 Threads: asyncio callers never touch the LLMEngine. `generate` validates in the caller's thread
 (pure checks), then queues an "add" under a small lock; the step thread applies queued adds and
-aborts between steps, runs `step()`, and hands each output to its consumer's event loop with
-`loop.call_soon_threadsafe`. With nothing to do the step thread sleeps on a threading.Event.
+aborts between steps, runs `step()`, and hands the step's outputs to their consumers' event loops
+with one `loop.call_soon_threadsafe` per loop (not per request: each call is a lock and a pipe
+write in the step thread, and a wake-up of the loop). With nothing to do the step thread sleeps
+on a threading.Event.
 """
 
 import asyncio
@@ -163,18 +165,24 @@ class AsyncEngine:
                 listener(result.stats, result.outputs)
             except Exception:  # noqa: BLE001 - a sink must never stop the engine
                 logger.exception("step listener failed")
-        for output in result.outputs:
-            self._deliver(output.request_id, output)
+        self._deliver_all([(output.request_id, output) for output in result.outputs])
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        self._deliver_all([(request_id, item)])
+
+    def _deliver_all(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        """One callback per event loop puts every item into its stream's queue, in order."""
+        loop_to_puts: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]] = {}
         with self._lock:
-            stream = self._streams.get(request_id)
-        if stream is None:
-            return
-        try:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-        except RuntimeError:  # the consumer's event loop is closed
-            pass
+            for request_id, item in items:
+                stream = self._streams.get(request_id)
+                if stream is not None:
+                    loop_to_puts.setdefault(stream.loop, []).append((stream.queue, item))
+        for loop, puts in loop_to_puts.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, puts)
+            except RuntimeError:  # the consumer's event loop is closed
+                pass
 
     def _notify_error(self, exc: BaseException, tb: str, request_ids: list[str]) -> None:
         for listener in self._error_listeners:
@@ -204,13 +212,15 @@ class AsyncEngine:
                 listener(None, outputs)
             except Exception:  # noqa: BLE001
                 logger.exception("step listener failed")
-        for output in outputs:
-            self._deliver(output.request_id, output)
+        self._deliver_all([(output.request_id, output) for output in outputs])
         self._reject_pending(errors.EngineDeadError(f"the engine loop is dead: {exc}"))
 
     def _reject_pending(self, exc: errors.EngineDeadError) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
-        for item in pending:
-            if isinstance(item, _PendingAdd):
-                self._deliver(item.request_id, exc)
+        self._deliver_all([(item.request_id, exc) for item in pending if isinstance(item, _PendingAdd)])
+
+
+def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:
+    for queue, item in puts:
+        queue.put_nowait(item)

@@ -53,6 +53,25 @@ def sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+_TEXT_MARK = "\x00text\x00"
+
+
+def text_event_template(operation: str, request_id: str, model: str, created: int) -> tuple[str, str]:
+    """The SSE event of a mid-stream text chunk, split around its JSON-encoded text.
+
+    Cut from the event the dict builders make, so `head + json.dumps(text) + tail` is that event
+    byte for byte (a string encodes the same alone or inside a dict) for the cost of encoding
+    one string per token, not a nested dict.
+    """
+    if operation == CHAT:
+        body = p.chat_chunk(request_id, model, created, {"content": _TEXT_MARK}, None)
+    else:
+        body = p.completion_response(request_id, model, created, _TEXT_MARK, None, None)
+    head, mark, tail = sse(body).partition(json.dumps(_TEXT_MARK))
+    assert mark, "the text marker must appear in the chunk"
+    return head, tail
+
+
 # As vLLM: a temperature under this is greedy (dividing logits by it overflows float32).
 GREEDY_EPS = 1e-5
 # The smallest nucleus mass float32 sampling tells apart from 0 (the top token is always kept).
@@ -136,7 +155,10 @@ async def start(state: ServerState, job: Job) -> None:
 async def _outputs(state: ServerState, job: Job) -> AsyncIterator[RequestOutput]:
     """The engine's outputs for a started job, ended by --request-timeout (raises RequestTimeout)."""
     timeout = state.config.request_timeout_s
-    deadline = None if timeout is None else job.arrival_ts + timeout
+    # The loop's clock may differ from time.monotonic (uvloop), so the deadline moves over to it as
+    # the time remaining.
+    remaining_s = None if timeout is None else max(job.arrival_ts + timeout - time.monotonic(), 0.0)
+    deadline = None if remaining_s is None else asyncio.get_running_loop().time() + remaining_s
     try:
         while True:
             step = job.first if job.first is not None else anext(job.gen)
@@ -145,7 +167,8 @@ async def _outputs(state: ServerState, job: Job) -> AsyncIterator[RequestOutput]
                 if deadline is None:
                     output = await step
                 else:
-                    output = await asyncio.wait_for(step, max(deadline - time.monotonic(), 0.0))
+                    async with asyncio.timeout_at(deadline):  # a timer handle, not a task
+                        output = await step
             except StopAsyncIteration:
                 return
             except TimeoutError:
@@ -233,6 +256,7 @@ async def stream(state: ServerState, job: Job) -> StreamingResponse:
 async def _events(state: ServerState, job: Job) -> AsyncIterator[str]:
     """SSE events; any failure after the first byte becomes an error event, then [DONE]."""
     model, live = state.model_name, state.live[job.request_id]
+    head, tail = text_event_template(job.operation, job.request_id, model, job.created)
     if job.operation == CHAT:
         yield sse(p.chat_chunk(job.request_id, model, job.created, {"role": "assistant", "content": ""}, None))
     finished = False
@@ -245,8 +269,10 @@ async def _events(state: ServerState, job: Job) -> AsyncIterator[str]:
                 if failure is not None:
                     raise failure
             finish = out.finish_reason.value if out.finished and out.finish_reason else None
-            if out.new_text or finish is not None:
+            if finish is not None:
                 yield sse(_chunk(job, model, out.new_text, finish))
+            elif out.new_text:
+                yield head + json.dumps(out.new_text) + tail
         if job.include_usage:
             yield sse(_usage_chunk(job, model))
     except (asyncio.CancelledError, GeneratorExit):

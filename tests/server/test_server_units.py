@@ -1,5 +1,7 @@
-"""Units at the edges: the one exception mapping, the OTLP/HTTP exporter, the docs' metric reference."""
+"""Units at the edges: the one exception mapping, the OTLP/HTTP exporter, the docs' metric reference,
+the SSE text-event template."""
 
+import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,7 +14,9 @@ from engine import errors
 from engine.obs.metrics import SPECS
 from engine.obs.stats import RequestStats
 from engine.obs.tracing import RequestTracer, SpanInfo, make_tracer_provider
+from engine.server import protocol as p
 from engine.server.errors import APIError, BodyTooLarge, NotReady, RequestTimeout, map_exception
+from engine.server.serving import CHAT, COMPLETION, sse, text_event_template
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,3 +80,15 @@ def test_docs_reference_every_metric():
     text = (REPO / "docs" / "serving.md").read_text()
     missing = [spec.name for spec in SPECS if f"`{spec.name}" not in text]
     assert missing == []
+
+
+@pytest.mark.parametrize("operation", [CHAT, COMPLETION])
+@pytest.mark.parametrize("text", ["a", " the", "", 'say "hi"\\n', "line\nbreak\ttab\x00\x1f", "é中文🙂", "\ud800"])
+def test_text_event_template_is_byte_identical_to_the_dict_event(operation, text):
+    rid, model, created = "cmpl-0123abcd", 'my "model"\\', 1764450000
+    head, tail = text_event_template(operation, rid, model, created)
+    if operation == CHAT:
+        expected = sse(p.chat_chunk(rid, model, created, {"content": text}, None))
+    else:
+        expected = sse(p.completion_response(rid, model, created, text, None, None))
+    assert head + json.dumps(text) + tail == expected

@@ -83,6 +83,11 @@ SPECS: tuple[MetricSpec, ...] = (
                 "version")),
 )
 SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
+_STEP_SERIES = ("llm_requests_running", "llm_requests_waiting", "llm_kv_cache_blocks_capacity",
+                 "llm_kv_cache_blocks_used", "llm_kv_cache_blocks_cached", "llm_kv_cache_usage_ratio",
+                 "llm_prefix_cache_queried_tokens_total", "llm_prefix_cache_hit_tokens_total",
+                 "llm_preemptions_total", "llm_prompt_tokens_total", "llm_generation_tokens_total",
+                 "llm_engine_step_duration_seconds", "llm_batch_size")
 FINISH_REASONS = tuple(reason.value for reason in FinishReason)
 REJECT_REASONS = ("queue_full", "prompt_too_long", "invalid", "unauthorized", "not_ready")
 
@@ -147,6 +152,8 @@ class PrometheusSink:
         for name in ("llm_requests_running", "llm_requests_waiting", "llm_kv_cache_blocks_used",
                      "llm_kv_cache_blocks_cached", "llm_kv_cache_usage_ratio"):
             self.m[name].labels(model).set(0)
+        # Per-step series resolved once: labels() validates and locks on every call, in the step thread.
+        self._step_series = {name: self.m[name].labels(model) for name in _STEP_SERIES}
 
     def _one(self, name: str):
         return self.m[name].labels(self.model)
@@ -163,21 +170,22 @@ class PrometheusSink:
                 self.observe_finished(output)
 
     def _observe_step(self, s: StepStats) -> None:
-        self._one("llm_requests_running").set(s.num_running)
-        self._one("llm_requests_waiting").set(s.num_waiting)
-        self._one("llm_kv_cache_blocks_capacity").set(s.num_blocks_total)
+        m = self._step_series
+        m["llm_requests_running"].set(s.num_running)
+        m["llm_requests_waiting"].set(s.num_waiting)
+        m["llm_kv_cache_blocks_capacity"].set(s.num_blocks_total)
         self._blocks_total.num_blocks = s.num_blocks_total
-        self._one("llm_kv_cache_blocks_used").set(s.num_blocks_used)
-        self._one("llm_kv_cache_blocks_cached").set(s.num_blocks_cached)
-        self._one("llm_kv_cache_usage_ratio").set(s.kv_usage)
-        self._one("llm_prefix_cache_queried_tokens_total").inc(s.prefix_queried_tokens)
-        self._one("llm_prefix_cache_hit_tokens_total").inc(s.prefix_hit_tokens)
-        self._one("llm_preemptions_total").inc(s.num_preemptions)
-        self._one("llm_prompt_tokens_total").inc(s.num_prompt_tokens_computed)
-        self._one("llm_generation_tokens_total").inc(s.num_generation_tokens)
+        m["llm_kv_cache_blocks_used"].set(s.num_blocks_used)
+        m["llm_kv_cache_blocks_cached"].set(s.num_blocks_cached)
+        m["llm_kv_cache_usage_ratio"].set(s.kv_usage)
+        m["llm_prefix_cache_queried_tokens_total"].inc(s.prefix_queried_tokens)
+        m["llm_prefix_cache_hit_tokens_total"].inc(s.prefix_hit_tokens)
+        m["llm_preemptions_total"].inc(s.num_preemptions)
+        m["llm_prompt_tokens_total"].inc(s.num_prompt_tokens_computed)
+        m["llm_generation_tokens_total"].inc(s.num_generation_tokens)
         if s.batch_size:
-            self._one("llm_engine_step_duration_seconds").observe(s.step_duration_s)
-            self._one("llm_batch_size").observe(s.batch_size)
+            m["llm_engine_step_duration_seconds"].observe(s.step_duration_s)
+            m["llm_batch_size"].observe(s.batch_size)
 
     def observe_finished(self, output: RequestOutput) -> None:
         """Every finished request is observed, aborted and failed ones too, labelled by reason."""

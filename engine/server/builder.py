@@ -4,6 +4,7 @@ import traceback
 from importlib.metadata import PackageNotFoundError, version
 from typing import TextIO
 
+import torch
 from opentelemetry.sdk.trace import TracerProvider
 
 from engine import errors
@@ -83,7 +84,7 @@ def start_state(state: ServerState) -> None:
         kv_cache_bytes=cap.kv_cache_bytes, cache_tokens=cap.num_cache_tokens, max_model_len=llm.max_model_len,
         max_concurrency=cap.max_concurrency, prefix_caching=bool(llm.config.enable_prefix_caching),
         max_num_seqs=llm.config.max_num_seqs, max_num_batched_tokens=llm.config.max_num_batched_tokens,
-        weights_bytes=cap.weights_bytes,
+        weights_bytes=cap.weights_bytes, torch_threads=torch.get_num_threads(),
     )
     state.engine.start()
     if state.events is not None:

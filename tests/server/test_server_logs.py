@@ -14,7 +14,7 @@ FIELDS = {
     "engine.startup": {"model", "model_digest", "dtype", "device", "block_size", "num_blocks",
                        "kv_bytes_per_token", "kv_cache_bytes", "cache_tokens", "max_model_len",
                        "max_concurrency", "prefix_caching", "max_num_seqs", "max_num_batched_tokens",
-                       "weights_bytes"},
+                       "weights_bytes", "torch_threads"},
     "engine.stats": {"running", "waiting", "kv_usage", "kv_blocks_used", "kv_blocks_total", "prefix_hit_rate",
                      "prefix_queried_tokens", "prefix_hit_tokens", "prompt_tokens_per_s",
                      "generation_tokens_per_s", "preemptions"},

@@ -2,6 +2,7 @@
 the SSE text-event template."""
 
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +16,7 @@ from engine.obs.metrics import SPECS
 from engine.obs.stats import RequestStats
 from engine.obs.tracing import RequestTracer, SpanInfo, make_tracer_provider
 from engine.server import protocol as p
+from engine.server.cli import torch_threads
 from engine.server.errors import APIError, BodyTooLarge, NotReady, RequestTimeout, map_exception
 from engine.server.serving import CHAT, COMPLETION, sse, text_event_template
 
@@ -92,3 +94,10 @@ def test_text_event_template_is_byte_identical_to_the_dict_event(operation, text
     else:
         expected = sse(p.completion_response(rid, model, created, text, None, None))
     assert head + json.dumps(text) + tail == expected
+
+
+def test_torch_threads_leave_a_core_to_the_event_loop_on_cpu_only():
+    assert torch_threads(None, "cpu") == max(1, len(os.sched_getaffinity(0)) - 1)
+    assert torch_threads(3, "cpu") == 3
+    assert torch_threads(None, "cuda") is None and torch_threads(None, "cuda:1") is None
+    assert torch_threads(2, "cuda") == 2

@@ -102,13 +102,15 @@ class PromClient:
     def rule_groups(self) -> list[dict]:
         return self._get("/api/v1/rules")["groups"]
 
-    def targets_up(self, job: str) -> int:
-        """How many targets of job answered their last scrape."""
-        return sum(int(float(r["value"][1])) for r in self.query(f'up{{job="{job}"}}'))
+    def targets_seen(self, job: str) -> int:
+        """How many targets of job have been scraped at least once, answering or not."""
+        return len(self.query(f'up{{job="{job}"}}'))
 
     def wait_scraped(self, job: str, num_targets: int, timeout_s: float = 20.0) -> None:
+        """Wait until every target of job has been scraped once. A target that is already down
+        (an engine that crashed before Prometheus started) counts: its up 0 is what the alert reads."""
         deadline = time.monotonic() + timeout_s
-        while self.targets_up(job) < num_targets:
+        while self.targets_seen(job) < num_targets:
             if time.monotonic() > deadline:
                 raise GamedayError(f"Prometheus: job {job} not scraped ({num_targets} targets) in {timeout_s:.0f}s")
             time.sleep(0.5)

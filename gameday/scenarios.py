@@ -63,8 +63,8 @@ SCENARIOS: list[Scenario] = [
         name="kv-pressure", summary="a tiny KV budget (64 blocks of 16 tokens) under 10 concurrent streams",
         # max_model_len 1024, not less: loadgen's ~1000-token calibration probe must fit.
         engine_flags=["--num-kv-blocks", "64", "--block-size", "16", "--max-model-len", "1024"],
-        phases=[LoadPhase("steady", users=10, run_time_s=30,
-                          extra_args=["--output-tokens", "128", "--prompt-tokens", "64"])],
+        phases=[LoadPhase("steady", users=16, run_time_s=30,
+                          extra_args=["--output-tokens", "128", "--prompt-tokens", "32"])],
         expected_alerts=[["LLMKVCacheNearlyFull"], ["LLMPreemptionsHigh"]],
         tolerated_alerts={
             "LLMTTFTSLOBurn": "requests wait for KV blocks and preempted ones start over, so first tokens "

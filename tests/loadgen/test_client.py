@@ -36,9 +36,10 @@ def test_ok_stream_timings_and_usage(mock_server):
     assert record.num_chunks == 6 and len(record.itl_s) == 5
     assert (record.output_tokens, record.output_tokens_source) == (6, TokenSource.USAGE)
     assert record.prompt_tokens == 3 and record.cached_tokens == 0
-    # Server and client share this process's GIL: exact timing is the subprocess test's job.
-    assert 0.048 <= record.ttft_s < 0.2
-    assert 0.018 <= record.tpot_s < 0.1
+    # Server and client share this process's GIL, so only the lower bounds the server's sleeps guarantee
+    # are exact: TTFT stopped at the first token (five 20 ms gaps still followed it), not at the end.
+    assert record.ttft_s >= 0.048 and record.e2e_s - record.ttft_s >= 5 * 0.018
+    assert record.tpot_s >= 0.018 and min(record.itl_s) >= 0.018
     assert [e["request_type"] for e in events] == ["POST"] and events[0]["exception"] is None
 
 

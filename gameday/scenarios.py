@@ -68,9 +68,7 @@ SCENARIOS: list[Scenario] = [
         expected_alerts=[["LLMKVCacheNearlyFull"], ["LLMPreemptionsHigh"]],
         tolerated_alerts={
             "LLMTTFTSLOBurn": "requests wait for KV blocks and preempted ones start over, so first tokens "
-                              "come late: a true SLO burn",
-            "LLMPrefixCacheHitRateLow": "a full cache evicts cached prefixes, so the hit rate falls: "
-                                        "a true co-symptom (cache-miss, cause eviction)"},
+                              "come late: a true SLO burn"},
         expected_finding="kv-preemption", ci=True, probe_dashboards=True),
     Scenario(
         name="kv-capacity-startup", summary="max_model_len 4096 needs 32 MiB of KV cache, the budget is 16 MiB: llmserve refuses to start",

@@ -19,7 +19,7 @@ from gevent import GreenletExit
 from locust import HttpUser, LoadTestShape, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadgen import client, profiles, runtime
+from loadgen import client, nonstream, profiles, runtime
 from loadgen.options import add_arguments
 from loadgen.prompts import Prompt, PromptFactory, messages_to_prompt
 from loadgen.records import FailureKind, Outcome, RequestRecord
@@ -144,8 +144,10 @@ class ChatUser(HttpUser):
 
     def _spec(self, prompt: Prompt) -> client.RequestSpec:
         cfg = self.state.config
-        body = {"model": self.state.model, "max_tokens": prompt.max_tokens, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {"model": self.state.model, "max_tokens": prompt.max_tokens, "ignore_eos": True,
+                "stream": cfg.stream}
+        if cfg.stream:
+            body["stream_options"] = {"include_usage": True}
         if cfg.endpoint == "chat":
             body["messages"] = prompt.messages
         else:
@@ -180,7 +182,8 @@ class ChatUser(HttpUser):
         settings = client.StreamSettings(timeout_s=cfg.timeout_s, headers=state.headers,
                                          abort_after_tokens=cfg.abort_after_tokens if cfg.profile == "abort" else None)
         try:
-            text = client.run_request(self.client, spec, record, settings, scheduled_ts, log=state.log)
+            run = client.run_request if cfg.stream else nonstream.run_request
+            text = run(self.client, spec, record, settings, scheduled_ts, log=state.log)
         except GreenletExit:
             state.add(record)  # counted as incomplete: the test stopped under it
             raise

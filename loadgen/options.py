@@ -47,6 +47,7 @@ class LoadgenConfig:
     timeout_s: float
     seed: int | None
     num_users: int
+    stream: bool = True  # --no-stream: stream false, E2E only
 
     @property
     def path(self) -> str:
@@ -87,6 +88,8 @@ def add_arguments(parser) -> None:
     add("--client-log", default="", help="Client log file: one line per failed, cut or cancelled request")
     add("--client-log-format", choices=["text", "json"], default="text", help="text or json lines")
     add("--timeout-s", type=float, default=300.0, help="Read timeout: longest silence inside a stream")
+    add("--no-stream", action="store_true", default=False,
+        help="Send stream: false and wait for the whole answer (E2E only: no TTFT, ITL or TPOT)")
     add("--seed", type=int, default=0, help="Prompt generator seed (0: random)")
     add("--loadgen-profile", default="", include_in_web_ui=False,
         help="(internal) the master's profile, forwarded to workers")
@@ -112,6 +115,14 @@ def config_from_options(opts) -> LoadgenConfig:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(opts, name)}")
     if profile == "poisson":
         _positive("--rate", opts.rate)
+    if getattr(opts, "no_stream", False):  # the first token arrives with the last: nothing to time or cancel
+        if profile == "abort":
+            raise ConfigError("--no-stream cannot be used with --profile abort: it cancels streams after "
+                              "--abort-after-tokens chunks")
+        for name in ("slo_ttft_ms", "slo_tpot_ms"):
+            if getattr(opts, name):
+                raise ConfigError(f"--no-stream cannot be used with --{name.replace('_', '-')}: without a "
+                                  "stream the client sees no first token; use --slo-e2e-ms")
     num_users = int(getattr(opts, "num_users", None) or 1)
     return LoadgenConfig(
         profile=profile, endpoint=opts.endpoint, api_key=opts.api_key or None, model=opts.model or None,
@@ -123,5 +134,5 @@ def config_from_options(opts) -> LoadgenConfig:
         slo=SLO(opts.slo_ttft_ms or None, opts.slo_tpot_ms or None, opts.slo_e2e_ms or None),
         report_dir=Path(opts.report_dir or "."), client_log=opts.client_log or None,
         client_log_format=opts.client_log_format, timeout_s=opts.timeout_s, seed=opts.seed or None,
-        num_users=num_users,
+        num_users=num_users, stream=not getattr(opts, "no_stream", False),
     )

@@ -40,6 +40,7 @@ class RunInfo:
     slo: dict  # ttft_ms, tpot_ms, e2e_ms (None: not set)
     block_size: int
     shared_prefix_tokens: float | None = None  # estimate, shared-prefix profile only
+    stream: bool = True  # False under --no-stream: no TTFT, ITL or TPOT can be measured
 
 
 def distribution(values: list[float]) -> dict:
@@ -102,8 +103,8 @@ def summarize(records: list[RequestRecord], info: RunInfo) -> dict:
     num_good = sum(1 for r in ok if meets_slo(r, info.slo)) if slo_set else None
     by_source = {s.value: sum(1 for r in ok if r.output_tokens_source is s) for s in TokenSource}
     return {
-        "profile": info.profile, "endpoint": info.endpoint, "host": info.host, "model": info.model,
-        "start_unix": start, "duration_s": duration_s,
+        "profile": info.profile, "endpoint": info.endpoint, "stream": info.stream, "host": info.host,
+        "model": info.model, "start_unix": start, "duration_s": duration_s,
         "num_requests": len(records), "num_succeeded": len(ok), "num_failed": len(failed),
         "num_aborted": sum(1 for r in records if r.outcome is Outcome.ABORTED),
         "num_incomplete": sum(1 for r in records if r.outcome is Outcome.INCOMPLETE),
@@ -163,7 +164,8 @@ def _rate(value: float | None, unit: str) -> str:
 
 def markdown(s: dict) -> str:
     lines = [f"# Load test summary: profile `{s['profile']}`", "",
-             f"Host {s['host']}, endpoint {s['endpoint']}, model {s['model']}, duration {s['duration_s']:.3f} s.", "",
+             f"Host {s['host']}, endpoint {s['endpoint']}, model {s['model']}, duration {s['duration_s']:.3f} s."
+             + ("" if s.get("stream", True) else " Not streamed (--no-stream): E2E only, no TTFT, ITL or TPOT."), "",
              f"Requests: {s['num_requests']} sent, {s['num_succeeded']} succeeded, {s['num_failed']} failed, "
              f"{s['num_aborted']} aborted on purpose, {s['num_incomplete']} cut by the end of the test.", "",
              "| metric (ms) | count | mean | p50 | p90 | p95 | p99 | max |", "|---|---|---|---|---|---|---|---|"]

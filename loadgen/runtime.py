@@ -142,7 +142,7 @@ class LoadgenState:
             shared = words * self.calibration.tokens_per_word
         info = RunInfo(profile=self.config.profile, endpoint=self.config.endpoint, host=host, model=self.model,
                        slo=self.config.slo.as_dict(), block_size=self.config.block_size,
-                       shared_prefix_tokens=shared)
+                       shared_prefix_tokens=shared, stream=self.config.stream)
         try:
             summary = write_report(self.records, info, self.config.report_dir)
         except ReportError as exc:

@@ -94,3 +94,10 @@ def test_scenario_table_covers_the_issue():
     names = [s.name for s in SCENARIOS]
     assert names == ["healthy", "kv-pressure", "kv-capacity-startup", "overload", "gateway-timeout", "client-abort",
                      "proxy-buffering", "dynamic-prefix", "engine-crash", "runtime-oom", "replica-down"]
+
+
+def test_only_kv_pressure_tolerates_a_co_symptom():
+    """Check (c) holds strictly everywhere else: no other alert may fire in any other scenario."""
+    from gameday.scenarios import SCENARIOS
+    assert {s.name: sorted(s.tolerated_alerts) for s in SCENARIOS if s.tolerated_alerts} == {
+        "kv-pressure": ["LLMTTFTSLOBurn"]}

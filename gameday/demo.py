@@ -25,7 +25,7 @@ Everything runs on 127.0.0.1 and is stopped at the end, whatever happens.
 """
 
 
-def _print_alerts(report_dir: Path, tolerated: dict[str, str]) -> None:
+def _print_alerts(report_dir: Path) -> None:
     alerts = json.loads((report_dir / "alerts.json").read_text())
     firing = [a for a in alerts if a["first_firing_s"] is not None]
     if not firing:
@@ -39,8 +39,6 @@ def _print_alerts(report_dir: Path, tolerated: dict[str, str]) -> None:
         print(f"  {alert['name']} ({alert['labels'].get('severity', '?')}) on {alert['instance']}, "
               f"firing {alert['first_firing_s']}s into the run")
         print(f"    {alert['annotations'].get('summary', '')}")
-        if alert["name"] in tolerated:
-            print(f"    (a co-symptom: {tolerated[alert['name']]})")
         print(f"    runbook: {url or 'none'}  ->  {where}")
 
 
@@ -59,7 +57,7 @@ def run_demo(report_root: Path) -> int:
     root = report_root / ("demo-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
     result = run_scenario(scenario, root, echo=True)
     report_dir = Path(result.report_dir)
-    _print_alerts(report_dir, scenario.tolerated_alerts)
+    _print_alerts(report_dir)
     _print_triage(report_dir)
     print(f"\nEverything was stopped. The logs, alerts and reports are in {report_dir}")
     if result.passed:

@@ -19,7 +19,7 @@ _ACCESS = re.compile(
 
 def check(scenario: Scenario, stack: Stack, watcher: AlertWatcher, triage: TriageResult,
           log, notes: list[str]) -> list[str]:
-    failures = check_alerts(scenario, watcher, notes)
+    failures = check_alerts(scenario, watcher)
     failures += check_triage(scenario, triage)
     if scenario.faults:
         failures += check_replica_down(stack, watcher, log, notes)
@@ -52,9 +52,8 @@ def check_client_ttft(min_ratio: float, stack: Stack, notes: list[str]) -> list[
     return []
 
 
-def check_alerts(scenario: Scenario, watcher: AlertWatcher, notes: list[str] | None = None) -> list[str]:
-    """(a) each expected alert fired, with a runbook that resolves; (c) nothing else fired
-    (bar the scenario's documented co-symptoms, which are noted)."""
+def check_alerts(scenario: Scenario, watcher: AlertWatcher) -> list[str]:
+    """(a) each expected alert fired, with a runbook that resolves; (c) nothing else fired."""
     failures = []
     firing = watcher.firing()
     names = {a.name for a in firing}
@@ -64,9 +63,7 @@ def check_alerts(scenario: Scenario, watcher: AlertWatcher, notes: list[str] | N
             failures.append(f"alert {' or '.join(group)} never fired (pending only: {seen or 'none'})")
     expected = {name for group in scenario.expected_alerts for name in group}
     for alert in firing:
-        if alert.name in scenario.tolerated_alerts and notes is not None:
-            notes.append(f"also fired: {alert.name} ({scenario.tolerated_alerts[alert.name]})")
-        elif alert.name not in expected:
+        if alert.name not in expected:
             failures.append(f"unexpected alert fired: {alert.name} on {alert.instance or '-'} at +{alert.first_firing_s}s")
             continue
         url = alert.annotations.get("runbook_url", "")

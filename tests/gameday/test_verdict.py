@@ -38,14 +38,13 @@ def test_check_alerts_expected_missing_unexpected_and_bad_runbook():
     ]
 
 
-def test_check_alerts_tolerated_co_symptom_is_noted_not_failed():
+def test_check_alerts_a_true_co_symptom_still_fails_check_c():
+    """kv-pressure is tuned so that its queue stays short: a TTFT SLO burn there is a failure, not a note."""
     scenario = get_scenario("kv-pressure")
     watcher = _watcher(("LLMKVCacheNearlyFull", "a:1", 9.0, "https://x/runbooks/LLMKVCacheNearlyFull.md"),
                        ("LLMPreemptionsHigh", "a:1", 8.0, "https://x/runbooks/LLMPreemptionsHigh.md"),
                        ("LLMTTFTSLOBurn", "a:1", 11.0, "https://x/runbooks/LLMTTFTSLOBurn.md"))
-    notes: list[str] = []
-    assert check_alerts(scenario, watcher, notes) == []
-    assert notes == ["also fired: LLMTTFTSLOBurn (" + scenario.tolerated_alerts["LLMTTFTSLOBurn"] + ")"]
+    assert check_alerts(scenario, watcher) == ["unexpected alert fired: LLMTTFTSLOBurn on a:1 at +11.0s"]
 
 
 def test_check_alerts_any_of_group_and_missing_runbook_file():
@@ -95,9 +94,3 @@ def test_scenario_table_covers_the_issue():
     assert names == ["healthy", "kv-pressure", "kv-capacity-startup", "overload", "gateway-timeout", "client-abort",
                      "proxy-buffering", "dynamic-prefix", "engine-crash", "runtime-oom", "replica-down"]
 
-
-def test_only_kv_pressure_tolerates_a_co_symptom():
-    """Check (c) holds strictly everywhere else: no other alert may fire in any other scenario."""
-    from gameday.scenarios import SCENARIOS
-    assert {s.name: sorted(s.tolerated_alerts) for s in SCENARIOS if s.tolerated_alerts} == {
-        "kv-pressure": ["LLMTTFTSLOBurn"]}

@@ -30,48 +30,65 @@ class StreamState:
 
 
 class SSEParser:
-    """Incremental parser: `feed(bytes, now)` as data arrives, then read `.state`."""
+    """Incremental parser: `feed(bytes, now)` as data arrives, then read `.state`.
+
+    Works on bytes, one event (the lines up to a blank line) at a time: an event that is a single
+    `data: ...` line, which is what servers send, costs one split and one json.loads. Lines end with
+    LF or CRLF; comments (`:` keep-alives) and fields other than `data` are skipped; several `data`
+    lines join with newlines. An event counts at the `now` of the feed that completed it.
+    """
+
+    __slots__ = ("state", "_buffer")
 
     def __init__(self) -> None:
         self.state = StreamState()
         self._buffer = b""
-        self._data_lines: list[str] = []
 
-    def feed(self, data: bytes, now: float) -> int:
-        """Parse what arrived at `now`; returns the number of new content chunks."""
-        before = self.state.num_chunks
-        self._buffer += data
-        while True:
-            newline = self._buffer.find(b"\n")
-            if newline < 0:
+    def feed(self, data: bytes, now: float, stop_at: int | None = None) -> int:
+        """Parse what arrived at `now`; returns the number of new content chunks. With `stop_at`,
+        events after the one that brings the content chunks to that many are left unread (the
+        caller is about to close the stream: the abort profile)."""
+        state = self.state
+        before = state.num_chunks
+        buf = self._buffer + data if self._buffer else data
+        if b"\r" in buf:  # CRLF line ends (a CR that ends this read may pair with the next LF)
+            buf = buf.replace(b"\r\n", b"\n")
+        if b"\n\n" not in buf:
+            self._buffer = buf
+            return 0
+        events = buf.split(b"\n\n")
+        self._buffer = events.pop()
+        for event in events:
+            if event.startswith(b"data: ") and b"\n" not in event and b"\r" not in event:
+                self._on_data(event[6:], now)
+            elif event:
+                self._on_lines(event, now)
+            if stop_at is not None and state.num_chunks >= stop_at:
+                self._buffer = b""
                 break
-            line = self._buffer[:newline].rstrip(b"\r").decode("utf-8", errors="replace")
-            self._buffer = self._buffer[newline + 1 :]
-            self._on_line(line, now)
-        return self.state.num_chunks - before
+        return state.num_chunks - before
 
     def close(self, now: float) -> None:
         """End of body: dispatch a last event left without its blank line."""
-        if self._buffer:
-            self._on_line(self._buffer.rstrip(b"\r").decode("utf-8", errors="replace"), now)
-            self._buffer = b""
-        if self._data_lines:
-            self._dispatch(now)
+        if self._buffer:  # (holds no blank line: feed dispatched everything up to the last one)
+            buf, self._buffer = self._buffer, b""
+            self._on_lines(buf, now)
 
-    def _on_line(self, line: str, now: float) -> None:
-        if not line:
-            if self._data_lines:
-                self._dispatch(now)
-            return
-        if line.startswith(":"):  # comment / keep-alive ping
-            return
-        name, _, value = line.partition(":")
-        if name == "data":
-            self._data_lines.append(value[1:] if value.startswith(" ") else value)
+    def _on_lines(self, event: bytes, now: float) -> None:
+        """The general case: any number of lines, comments, fields other than data."""
+        data_lines = []
+        for line in event.split(b"\n"):
+            line = line.rstrip(b"\r")
+            if not line or line.startswith(b":"):  # (a blank line inside: the end of the event before)
+                continue
+            name, _, value = line.partition(b":")
+            if name == b"data":
+                data_lines.append(value[1:] if value.startswith(b" ") else value)
+        if data_lines:
+            self._on_data(b"\n".join(data_lines), now)
 
-    def _dispatch(self, now: float) -> None:
-        data = "\n".join(self._data_lines)
-        self._data_lines = []
+    def _on_data(self, payload: bytes, now: float) -> None:
+        data = payload.decode("utf-8", errors="replace")
         if data.strip() == "[DONE]":
             self.state.done = True
             return
@@ -92,8 +109,8 @@ class SSEParser:
         if event.get("error") is not None:
             state.error = state.error or _error_message(event["error"])
             return
-        choices = event.get("choices") or []
-        if choices and isinstance(choices[0], dict):
+        choices = event.get("choices")
+        if choices and isinstance(choices, list) and isinstance(choices[0], dict):
             choice = choices[0]
             content = _content_of(choice)
             if content:
@@ -107,7 +124,7 @@ class SSEParser:
             if choice.get("finish_reason"):
                 state.finish_reason = choice["finish_reason"]
         usage = event.get("usage")
-        if isinstance(usage, dict):
+        if usage is not None and isinstance(usage, dict):
             state.prompt_tokens = usage.get("prompt_tokens", state.prompt_tokens)
             state.completion_tokens = usage.get("completion_tokens", state.completion_tokens)
             details = usage.get("prompt_tokens_details") or {}

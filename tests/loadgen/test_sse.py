@@ -89,3 +89,53 @@ def test_reasoning_content_counts_as_first_token():
     parser = SSEParser()
     parser.feed(event({"choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}}]}), 0.4)
     assert parser.state.first_ts == 0.4
+
+
+MIXED = (b": keep-alive\r\n\r\n" + chat("", role=True).replace(b"\n", b"\r\n") + b"\n\n"
+         + b"event: delta\nid: 3\nretry: 10\ndata:" + json.dumps({"choices": [{"delta": {"content": "A"}}]}).encode()
+         + b"\n\n" + b'data: {"choices": [{"delta":\ndata:  {"content": "B"}}]}\r\n\r\n'
+         + b":ping\n\n" + chat("C") + USAGE + event("[DONE]"))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, len(MIXED)])
+def test_any_split_of_the_bytes_gives_the_same_stream(size):
+    parser = SSEParser()
+    for i in range(0, len(MIXED), size):
+        parser.feed(MIXED[i:i + size], float(i))
+    parser.close(float(len(MIXED)))
+    s = parser.state
+    assert s.text == "ABC" and s.num_chunks == 3 and s.done and s.error is None
+    assert (s.prompt_tokens, s.completion_tokens, s.cached_tokens) == (12, 3, 8)
+    # Each event counts at the feed that brought its blank line: the last byte of "\n\n".
+    ends = [MIXED.index(blank, MIXED.index(marker)) + len(blank) - 1
+            for marker, blank in ((b'"A"', b"\n\n"), (b'"B"', b"\r\n\r\n"), (b'"C"', b"\n\n"))]
+    stamps = [float(end - end % size) for end in ends]
+    assert s.first_ts == stamps[0] and s.itl_s == pytest.approx([stamps[1] - stamps[0], stamps[2] - stamps[1]])
+
+
+def test_a_cr_at_the_end_of_a_read_pairs_with_the_next_lf():
+    parser = SSEParser()
+    raw = chat("x").replace(b"\n", b"\r\n")
+    assert parser.feed(raw[:-1], 1.0) == 0  # "...\r\n\r": the blank line is not complete yet
+    assert parser.feed(raw[-1:], 2.0) == 1 and parser.state.first_ts == 2.0
+
+
+def test_error_event_mid_stream_and_non_object_events():
+    parser = SSEParser()
+    parser.feed(chat("a") + event({"error": "overloaded"}) + event([1, 2]), 0.1)
+    assert parser.state.error == "overloaded" and parser.state.num_chunks == 1
+    parser = SSEParser()
+    parser.feed(event([1, 2]), 0.1)
+    assert parser.state.error.startswith("SSE event is not an object")
+
+
+def test_invalid_utf8_is_replaced_not_fatal():
+    parser = SSEParser()
+    parser.feed(b'data: {"choices": [{"delta": {"content": "\xff!"}}]}\n\n', 0.1)
+    assert parser.state.text == "\ufffd!" and parser.state.error is None
+
+
+def test_stop_at_leaves_the_events_after_the_nth_content_chunk_unread():
+    parser = SSEParser()
+    assert parser.feed(chat("a") + chat("b") + chat("c") + USAGE, 0.1, stop_at=2) == 2
+    assert parser.state.text == "ab" and parser.state.completion_tokens is None

@@ -10,6 +10,7 @@ import requests
 from gevent import GreenletExit
 from urllib3.exceptions import ReadTimeoutError
 
+from loadgen.chunked import ChunkedBody, read1_chunks
 from loadgen.clientlog import ClientLog
 from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
 from loadgen.sse import SSEParser
@@ -93,6 +94,7 @@ def run_request(session, spec: RequestSpec, record: RequestRecord, settings: Str
                 resp.success()
             else:
                 resp.failure(failure)
+        _break_cycle(resp)
     except GreenletExit:
         record.outcome = Outcome.INCOMPLETE
         record.end_s = clock() - scheduled_ts
@@ -101,6 +103,14 @@ def run_request(session, spec: RequestSpec, record: RequestRecord, settings: Str
     if log is not None and record.outcome in (Outcome.FAILED, Outcome.ABORTED):
         log.write(record)
     return text
+
+
+def _break_cycle(resp) -> None:
+    """Locust's response and its request_meta refer to each other: left alone, every request's whole
+    object graph (headers, cookie jars, urllib3 and http.client responses) waits for the cyclic GC."""
+    meta = getattr(resp, "request_meta", None)
+    if isinstance(meta, dict):
+        meta.pop("response", None)
 
 
 def _consume(resp, record: RequestRecord, settings: StreamSettings, scheduled_ts: float,
@@ -113,16 +123,22 @@ def _consume(resp, record: RequestRecord, settings: StreamSettings, scheduled_ts
     if resp.status_code >= 400:
         return _fail(record, HttpStatusFailure, _http_error_text(resp)), ""
     parser = SSEParser()
+    abort_after = settings.abort_after_tokens
+    body = ChunkedBody.open(resp, clock)
     try:
-        for data in resp.iter_content(chunk_size=None):
-            now = clock()
-            parser.feed(data, now - scheduled_ts)
-            if settings.abort_after_tokens is not None and parser.state.num_chunks >= settings.abort_after_tokens:
-                resp.close()
-                _fill(record, parser)
-                record.outcome = Outcome.ABORTED
-                record.error = f"client cancelled the stream after {parser.state.num_chunks} chunks (abort profile)"
-                return None, parser.state.text
+        if body is not None:  # the usual case: chunked, read straight off the connection
+            feed, state, read = parser.feed, parser.state, body.read
+            while not body.done:
+                data = read()
+                if data:
+                    feed(data, body.arrived - scheduled_ts, abort_after)
+                    if abort_after is not None and state.num_chunks >= abort_after:
+                        return _abort(resp, record, parser)
+        else:  # a Content-Length or close-delimited body, or a compressed one
+            for data, arrived in read1_chunks(resp, clock):
+                parser.feed(data, arrived - scheduled_ts, abort_after)
+                if abort_after is not None and parser.state.num_chunks >= abort_after:
+                    return _abort(resp, record, parser)
         parser.close(clock() - scheduled_ts)
     except requests.exceptions.RequestException as exc:
         _fill(record, parser)
@@ -135,6 +151,15 @@ def _consume(resp, record: RequestRecord, settings: StreamSettings, scheduled_ts
         return _fail(record, StreamCutFailure,
                      f"loadgen.StreamCut: stream closed after {parser.state.num_chunks} content chunks "
                      f"without data: [DONE] (finish_reason={parser.state.finish_reason})"), parser.state.text
+    return None, parser.state.text
+
+
+def _abort(resp, record: RequestRecord, parser: SSEParser) -> tuple[None, str]:
+    """Abort profile: the client closes the stream (and its connection) on purpose."""
+    resp.close()
+    _fill(record, parser)
+    record.outcome = Outcome.ABORTED
+    record.error = f"client cancelled the stream after {parser.state.num_chunks} chunks (abort profile)"
     return None, parser.state.text
 
 

@@ -83,13 +83,19 @@ def _sniff(handle, path: Path, notes: Notes) -> str | None:
 
 def read_lines(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
     """(line number, text) pairs, streamed; never raises for bad content."""
-    for first, block in read_blocks(path, notes):
-        yield from enumerate(block.split("\n")[:-1], first + 1)
+    for first, _, lines in read_split_blocks(path, notes):
+        yield from enumerate(lines, first + 1)
 
 
 def read_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
     """(number of lines before the block, block): runs of whole lines, each ending in "\n" (a "\r\n" or
     lone "\r" ending becomes "\n"), about BLOCK_BYTES at a time; never raises for bad content."""
+    for first, block, _ in read_split_blocks(path, notes):
+        yield first, block
+
+
+def read_split_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str, list[str]]]:
+    """read_blocks' (first, block) with the block's lines (block.split("\n") less the empty last)."""
     handle = _open_binary(path, notes)
     if handle is None:
         return
@@ -100,7 +106,7 @@ def read_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
         notes.num_files_read += 1
         if encoding == "utf-16":
             for lineno, line in _read_utf16(handle, path, notes):
-                yield lineno - 1, line + "\n"
+                yield lineno - 1, line + "\n", [line]
             return
         yield from _read_utf8(handle, path, notes)
 
@@ -123,7 +129,7 @@ def _cut_long_lines(block: str) -> tuple[str, bool]:
     return "\n".join(line[:MAX_LINE_BYTES] for line in lines), True
 
 
-def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
+def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str, list[str]]]:
     """Binary blocks decoded in C; undecodable bytes become U+FFFD and are noted once."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     lineno = 0
@@ -135,8 +141,10 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
             block, _ = _whole_lines(carry, False)
             if block:
-                yield lineno, block
-                lineno += block.count("\n")
+                lines = block.split("\n")
+                lines.pop()
+                yield lineno, block, lines
+                lineno += len(lines)
             notes.add(f"{path}: truncated or corrupt after line {lineno} ({exc or 'unexpected end'})")
             break
         final = not raw
@@ -159,8 +167,10 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
         if block:
             if "\ufffd" in block:
                 bad_encoding = True
-            yield lineno, block
-            lineno += block.count("\n")
+            lines = block.split("\n")
+            lines.pop()
+            yield lineno, block, lines
+            lineno += len(lines)
         if final:
             break
     notes.num_lines_read += lineno

@@ -2,12 +2,14 @@
 
 import json
 import re
+from bisect import bisect_left
 from collections.abc import Iterable
 from itertools import compress, repeat
-from operator import and_, not_
+from operator import add, and_, itemgetter, not_
 
 from triage.model import Event
 from triage.parsers import client, engine_json, gateways, metrics_text, text_logs
+from triage.parsers.batch import Batch, FinishedShape, access_batch, access_rows, finished_batch
 from triage.signatures import scan
 from triage.timeparse import parse_iso
 
@@ -29,11 +31,67 @@ def _loads_line(line: str):
 class FileParser:
     """Parses one file's lines in order; keeps the little state a format needs (traceback, CSV header)."""
 
-    def __init__(self, file: str):
+    def __init__(self, file: str, batches: bool = True):
         self.file = file
         self.frames: list[str] = []
         self.csv: client.CsvRecords | None = None
         self.exposition = False
+        self.batches = batches  # False: every wanted line through parse() (the reference the bulk paths match)
+        self.shape: FinishedShape | None = None
+
+    def split_block(self, first: int, block: str, lines: list[str]) -> list:
+        """A block of read_split_blocks as runs in line order: a Batch for lines the bulk paths read,
+        (line number, line) for each line to parse(); lines no rule reads (wanted_lines') are left out.
+
+        Bulk lines change none of the parser's state, so parse() sees what it would have seen."""
+        if not self.batches:
+            return [(first + i + 1, line) for i, line in wanted_lines(block)]
+        n = len(lines)
+        fin_idx: list[int] = []
+        if '"event":"' in block:
+            fin_idx, other_idx = _engine_split(block, lines)
+        else:
+            other_idx = list(range(n))
+        slow: list[int] = []
+        batches: list[Batch] = []
+        if fin_idx:
+            shape = self.shape
+            head = lines[fin_idx[0]]
+            if shape is None or not shape.regex.fullmatch(head):
+                shape = FinishedShape.learn(head) or shape
+                self.shape = shape
+            if shape is None:
+                slow = list(fin_idx)
+            else:
+                fin_lines = list(map(lines.__getitem__, fin_idx))
+                batch, misses = finished_batch(self.file, first + 1, fin_idx, fin_lines, shape)
+                slow = [fin_idx[k] for k in misses]
+                if batch is not None:
+                    batches.append(batch)
+        if other_idx and '] "' in block and self._no_csv(first, lines):
+            rows = access_rows(block if len(other_idx) == n else "\n".join([lines[i] for i in other_idx]))
+            status = list(map(itemgetter(2), rows))  # set where the row matched
+            hit = list(compress(range(len(rows)), status)) if "" in status else list(range(len(rows)))
+            if first < 3:  # parse() reads lines 1-3 as a possible CSV header first
+                hit = [k for k in hit if other_idx[k] >= 3 - first]
+            if hit:
+                if len(hit) < len(other_idx):
+                    hit_set = set(hit)
+                    slow += [i for k, i in enumerate(other_idx) if k not in hit_set]
+                    other_idx = [other_idx[k] for k in hit]
+                    rows = [rows[k] for k in hit]
+                batches.append(access_batch(self.file, first + 1, other_idx, [lines[i] for i in other_idx], rows))
+                other_idx = []
+        slow += other_idx
+        if not batches:
+            return [(first + i + 1, lines[i]) for i in sorted(slow)]
+        return _in_order(batches, sorted(slow), lines, first)
+
+    def _no_csv(self, first: int, lines: list[str]) -> bool:
+        """Whether parse() will read no line after the first three as CSV (a header is one of them)."""
+        if self.csv is not None:
+            return False
+        return first >= 3 or not any(client.CsvRecords.sniff(line) for line in lines[:3 - first])
 
     def parse(self, lineno: int, line: str) -> list[Event]:
         if not line or line.isspace():
@@ -153,10 +211,7 @@ class FileParser:
 
 # Engine events no rule reads (unless they carry prompt text): skipped before decoding the JSON.
 _SKIP_EVENTS = ('"event":"request.first_token"', '"event":"http.access"', '"event":"request.received"')
-
-
-
-
+_FINISHED = '"event":"request.finished"'
 _SCHEDULED = '"event":"request.scheduled"'
 _SHORT_QUEUE = re.compile(r'"queue_s":-?0(?:\.\d*)?(?![\d.eE+\-])')  # a number _quick_number reads as < 1
 
@@ -183,6 +238,68 @@ def wanted_lines(block: str) -> Iterable[tuple[int, str]]:
                 line, line.find('"queue_s":')):  # the first "queue_s", as _quick_number reads it
             continue
         out.append((i, line))
+    return out
+
+
+# The engine events this file reads, by the character 19 after the start of the event key (unique to each)
+_ENGINE_KEYS = (_FINISHED, _SCHEDULED, *_SKIP_EVENTS)
+_AT_19 = {"n": _FINISHED, "h": _SCHEDULED, "r": _SKIP_EVENTS[0], "s": _SKIP_EVENTS[1], "c": _SKIP_EVENTS[2]}
+assert all(key[19] == code for code, key in _AT_19.items())
+_IS_FINISHED = bytes(int(c == ord("n")) for c in range(256))
+_IS_SCHEDULED = bytes(int(c == ord("h")) for c in range(256))
+
+
+def _engine_split(block: str, lines: list[str]) -> tuple[list[int], list[int]]:
+    """(request.finished candidates, the other lines wanted_lines keeps): indices into lines, in order.
+
+    A candidate's first event key is request.finished (the bulk path checks the rest). The common case,
+    an engine log and nothing else, is settled by C-level maps and counts over the block's lines."""
+    n = len(lines)
+    at = list(map(str.find, lines, repeat('"event":"')))
+    known = list(map(str.startswith, lines, repeat(_ENGINE_KEYS), at))
+    if sum(known) == n:
+        known_idx, known_lines, known_at = range(n), lines, at
+    else:
+        known_idx = list(compress(range(n), known))
+        known_lines = list(map(lines.__getitem__, known_idx))
+        known_at = list(map(at.__getitem__, known_idx))
+    codes = "".join(map(str.__getitem__, known_lines, map(add, known_at, repeat(19)))).encode()
+    fin_idx = list(compress(known_idx, codes.translate(_IS_FINISHED)))
+    if len(known_idx) == n and '"prompt":' not in block and min(lines, default="{") >= "{" and max(
+            lines, default="{") < "|":  # every line starts with "{": every other known line is dropped...
+        sched = list(compress(known_idx, codes.translate(_IS_SCHEDULED)))
+        sched_lines = list(map(lines.__getitem__, sched))
+        short = list(map(_SHORT_QUEUE.match, sched_lines, map(str.find, sched_lines, repeat('"queue_s":'))))
+        if None not in short:  # ...and so is every request.scheduled line here
+            return fin_idx, []
+    fin_set = set(fin_idx)
+    return fin_idx, [i for i, _ in wanted_lines(block) if i not in fin_set]
+
+
+def _in_order(batches: list[Batch], slow: list[int], lines: list[str], first: int) -> list:
+    """Batches and slow lines (sorted indices) merged into line order, batches cut where needed."""
+    if len(batches) == 1:
+        batch, out, lo = batches[0], [], 0
+        for i in slow:
+            cut = bisect_left(batch.idx, i)
+            if cut > lo:
+                out.append(batch.slice(lo, cut))
+                lo = cut
+            out.append((first + i + 1, lines[i]))
+        if lo < len(batch):
+            out.append(batch.slice(lo, len(batch)) if lo else batch)
+        return out
+    # both kinds in one block (interleaved logs): tag every line, then cut runs
+    tagged = sorted([(i, -1, 0) for i in slow] + [(i, b, k) for b, batch in enumerate(batches)
+                                                   for k, i in enumerate(batch.idx)])
+    out, start = [], 0
+    for j, (i, b, k) in enumerate(tagged):
+        if b < 0:
+            out.append((first + i + 1, lines[i]))
+            start = j + 1
+        elif j + 1 == len(tagged) or tagged[j + 1][1] != b:
+            out.append(batches[b].slice(tagged[start][2], k + 1))
+            start = j + 1
     return out
 
 

@@ -35,6 +35,7 @@ _ENVOY_UPSTREAM = {"UC", "UF", "UH", "URX", "UR", "LH", "NR"}
 
 
 _CUT_OF_STATUS = {499: "client", 460: "client", 504: "timeout", 502: "upstream_failed"}
+CUT_STATUSES = frozenset(_CUT_OF_STATUS)
 
 
 def cut_for_status(status: int) -> str | None:

@@ -97,6 +97,23 @@ class Facts:
         elif (kind == "request.finished" or kind == "request.aborted") and ev.source == "engine-json":
             self.num_engine_requests += 1
 
+    def observe_batch(self, batch) -> None:
+        """observe() for every line of a batch (request.finished or gateway http.access, all timed or not)."""
+        n = len(batch)
+        self.num_events += n
+        if batch.kind == "http.access":
+            self.num_gateway_requests += n  # batches hold gateway lines only
+        else:
+            self.num_engine_requests += n  # request.finished from the engine
+        lo, hi = batch.time_range()
+        if hi is not None:
+            if self.last_request_ts is None or hi > self.last_request_ts:
+                self.last_request_ts = hi
+            if self.first_ts is None or lo < self.first_ts:
+                self.first_ts = lo
+            if self.last_ts is None or hi > self.last_ts:
+                self.last_ts = hi
+
     @property
     def num_requests(self) -> int:
         return max(self.num_engine_requests, self.num_gateway_requests)
@@ -109,6 +126,12 @@ class Rule:
 
     def observe(self, ev: Event) -> None:
         raise NotImplementedError
+
+    def observe_batch(self, batch) -> None:
+        """observe() for each line of a triage.parsers.batch.Batch, in order; rules override it to take
+        the common lines in bulk."""
+        for k in range(len(batch)):
+            self.observe(batch.event(k))
 
     def findings(self, facts: Facts) -> list[Finding]:
         raise NotImplementedError

@@ -1,8 +1,12 @@
 """Prefix-cache misses and their cause: dynamic prefix, disabled, eviction, routing, short prompts."""
 
 import re
+from collections import Counter, deque
+from itertools import chain, repeat, starmap
+from operator import itemgetter
 
 from triage.model import Event, Finding
+from triage.parsers.batch import has_upstream
 from triage.rules import Candidate, Facts, Rule, request_ids_of
 from triage.rules import cache_text as T
 
@@ -17,21 +21,30 @@ _DYNAMIC = re.compile(
     r"(?:user|session|request|req|trace)[_ -]?id\s*[:=]\s*\S+", re.I)
 
 
-def _prune(table: dict) -> bool:
+def _prune(table: dict, weights: list | None = None) -> bool:
     """Keeps the most repeated half (a random prompt's blocks are seen once); amortised O(1) per insert.
-    Ties keep their insertion order (a stable sort); the weights are summed in C."""
-    values = list(table.values())
-    weights = list(map(sum, map(dict.values, values))) if values and isinstance(values[0], dict) else values
-    keys = list(table)
-    if max(weights, default=0) == min(weights, default=0):  # all seen alike: the oldest half stays, in order
-        for key in keys[MAX_KEYS // 2:]:
-            del table[key]
+    Ties keep their insertion order (a stable sort). weights: one per key, in order (the values if None)."""
+    if weights is None:
+        weights = list(table.values())
+    if max(weights) == min(weights):  # all seen alike: the oldest half stays, in order
+        _keep_oldest_half(table)
         return True
+    keys, values = list(table), list(table.values())
     order = sorted(range(len(keys)), key=weights.__getitem__, reverse=True)[: MAX_KEYS // 2]
     kept = dict(zip([keys[i] for i in order], [values[i] for i in order], strict=True))
     table.clear()
     table.update(kept)
     return True
+
+
+def _keep_oldest_half(table: dict) -> None:
+    deque(starmap(table.popitem, repeat((), len(table) - MAX_KEYS // 2)), 0)  # popitem takes the newest
+
+
+def later_weight(prefixes: tuple | dict) -> int:
+    """Requests counted under a later_to_prefixes key: its value is the one head seen once (a tuple) or
+    {head: count} once a second request came."""
+    return 1 if type(prefixes) is tuple else sum(prefixes.values())
 
 
 class CacheRule(Rule):
@@ -47,9 +60,12 @@ class CacheRule(Rule):
         self.num_requests = 0
         self.num_multi_block = 0
         self.num_short = 0
-        self.later_to_prefixes: dict[tuple, dict] = {}  # (position, block hash) -> {earlier blocks: count}
+        # (position, block hash, next block hash) -> {earlier blocks: count}, or the earlier blocks alone
+        # while one request has the key (most keys: a dict each would cost more than the rest together)
+        self.later_to_prefixes: dict[tuple, tuple | dict] = {}
+        self.num_shared_keys = 0  # later_to_prefixes values that are dicts
         self.samples: dict[tuple, list[Event]] = {}
-        self.prefix_keys: dict[tuple, int] = {}
+        self.prefix_keys: Counter = Counter()  # (first block, second block) -> requests
         self.stats_high: list[float] = []
         self.stats_low: list[float] = []
         self.stats_events: list[Event] = []
@@ -82,6 +98,14 @@ class CacheRule(Rule):
         elif kind == "request.received" and isinstance(f.get("prompt"), str):
             self._prompt_text(ev, f["prompt"])
 
+    def observe_batch(self, batch) -> None:
+        if batch.kind == "request.finished":
+            self._finished_batch(batch)
+        elif batch.kind == "http.access":
+            self._routing_batch(batch)
+        else:
+            super().observe_batch(batch)
+
     def _finished(self, ev: Event) -> None:
         f = ev.fields
         prompt, cached = f.get("prompt_tokens"), f.get("cached_tokens")
@@ -97,9 +121,57 @@ class CacheRule(Rule):
         if not isinstance(fp, list) or len(fp) < 2:
             return
         self.num_multi_block += 1
-        key2 = (fp[0], fp[1])
-        if key2 in self.prefix_keys or len(self.prefix_keys) < MAX_KEYS or _prune(self.prefix_keys):
-            self.prefix_keys[key2] = self.prefix_keys.get(key2, 0) + 1
+        self._count_prefixes([(fp[0], fp[1])])
+        self._later_blocks(fp, ev)
+
+    def _finished_batch(self, batch) -> None:
+        """_finished for each line of a FinishedBatch (int token counts, fingerprints lists of strings)."""
+        prompts = batch.prompt
+        self.num_requests += len(prompts)
+        self.num_prompt_tokens += sum(prompts)
+        self.num_cached_tokens += sum(batch.cached)
+        if min(prompts) < self.block_size:
+            short = [k for k, prompt in enumerate(prompts) if prompt < self.block_size]
+            self.num_short += len(short)
+            for k in short[:3 - len(self.short_samples)]:
+                self.short_samples.append(batch.event(k))
+        fps = batch.fps
+        lengths = list(map(len, fps))
+        if min(lengths) >= 2:
+            multi: list[int] | range = range(len(fps))
+        else:
+            multi = [k for k, length in enumerate(lengths) if length >= 2]
+            fps = [fps[k] for k in multi]
+        if not fps:
+            return
+        self.num_multi_block += len(fps)
+        pairs = list(zip(map(itemgetter(0), fps), map(itemgetter(1), fps), strict=True))
+        self._count_prefixes(pairs)
+        width = max(lengths) - 2  # later blocks a request has
+        if width > 0 and min(lengths) == width + 2:
+            self._later_blocks_alike(fps, multi, width, batch, pairs)
+        else:
+            for k, fp in zip(multi, fps, strict=True):
+                self._later_blocks(fp, None, batch, k)
+
+    def _count_prefixes(self, keys: list[tuple]) -> None:
+        """Counts requests by their first two blocks, in order; runs that cannot fill the table are
+        counted in C (a prune happens only when a new key finds the table full)."""
+        table = self.prefix_keys
+        pos = 0
+        while pos < len(keys):
+            room = MAX_KEYS - len(table)
+            if room > 0:
+                table.update(keys[pos:pos + room])
+                pos += room
+                continue
+            key = keys[pos]
+            if key not in table:
+                _prune(table)
+            table[key] = table.get(key, 0) + 1
+            pos += 1
+
+    def _later_blocks(self, fp: list, ev: Event | None, batch=None, k: int = 0) -> None:
         # Block j shared with other requests while the blocks before it differ: something early in the
         # prompt changes per request (block hashes are per block, so a shared later block survives).
         # Keys are two consecutive blocks: one shared block can be a coincidence (a template's tail).
@@ -109,24 +181,64 @@ class CacheRule(Rule):
             prefixes = table.get(key)
             head = tuple(fp[:j])
             if prefixes is None:
-                if len(table) >= MAX_KEYS and not _prune(table):
-                    continue
-                table[key] = {head: 1}  # a new key: one prefix, nothing to sample yet
+                if len(table) >= MAX_KEYS:
+                    self._prune_later()
+                table[key] = head  # a new key: one prefix, nothing to sample yet
                 continue
+            if type(prefixes) is tuple:
+                prefixes = table[key] = {prefixes: 1}
+                self.num_shared_keys += 1
             if head not in prefixes and len(prefixes) >= 64:
                 continue
             prefixes[head] = prefixes.get(head, 0) + 1
             if len(prefixes) >= 2:
-                self._sample(key, head, ev)
+                self._sample(key, head, ev, batch, k)
 
-    def _sample(self, key: tuple, head: tuple, ev: Event) -> None:
+    def _prune_later(self) -> None:
+        table = self.later_to_prefixes
+        if not self.num_shared_keys:  # every key seen once: all alike
+            _keep_oldest_half(table)
+            return
+        weights = list(map(later_weight, table.values()))
+        _prune(table, weights)
+        self.num_shared_keys = sum(type(v) is dict for v in table.values())
+
+    def _later_blocks_alike(self, fps: list[list], multi, width: int, batch, pairs: list[tuple]) -> None:
+        """_later_blocks for requests with the same number of blocks: runs of them whose keys are all
+        new (to the table and to each other) and fit without a prune are inserted at once."""
+        table = self.later_to_prefixes
+        columns = [list(map(itemgetter(i), fps)) for i in range(width + 2)]
+        by_j = [list(zip(repeat(j), columns[j], columns[j + 1])) for j in range(1, width + 1)]
+        keys = list(chain.from_iterable(zip(*by_j, strict=True))) if width > 1 else by_j[0]
+        heads = None
+        r = 0
+        while r < len(fps):
+            end = min(len(fps), r + (MAX_KEYS - len(table)) // width)
+            if end > r:
+                run = keys[r * width:end * width]
+                if len(set(run)) == len(run) and not any(map(table.__contains__, run)):
+                    if heads is None:  # tuple(fp[:j]) for each j: (fp[0],), the prefix pairs, ...
+                        by_head = [list(zip(columns[0])), pairs] + [
+                            list(zip(*columns[:j], strict=True)) for j in range(3, width + 1)]
+                        heads = list(chain.from_iterable(zip(*by_head[:width], strict=True))) if width > 1 \
+                            else by_head[0]
+                    table.update(zip(run, heads[r * width:end * width], strict=True))
+                    r = end
+                    continue
+            else:
+                end = r + 1  # the table is full: the first new key prunes it
+            for q in range(r, end):
+                self._later_blocks(fps[q], None, batch, multi[q])
+            r = end
+
+    def _sample(self, key: tuple, head: tuple, ev: Event | None, batch=None, k: int = 0) -> None:
         sample = self.samples.get(key)
         if sample is None:
             if len(self.samples) >= MAX_SAMPLE_KEYS:
                 return
             sample = self.samples[key] = []
         if len(sample) < 6 and all(tuple(s.fields["prefix_fingerprint"][:len(head)]) != head for s in sample):
-            sample.append(ev)
+            sample.append(ev if ev is not None else batch.event(k))
 
     def _stats(self, ev: Event) -> None:
         f = ev.fields
@@ -165,14 +277,40 @@ class CacheRule(Rule):
             variants[head] = ev
 
     def _routing(self, ev: Event) -> None:
-        client = ev.fields.get("client") or "-"
-        upstream = ev.fields["upstream_addr"]
+        self._route(ev.fields.get("client") or "-", ev.fields["upstream_addr"], ev)
+
+    def _route(self, client: str, upstream: str, ev: Event | None, batch=None, k: int = 0) -> None:
         self.upstreams.add(upstream)
         ups = self.client_upstreams.setdefault(client, set()) if len(self.client_upstreams) < MAX_KEYS else set()
         if upstream not in ups and len(ups) < 64:
             ups.add(upstream)
             if len(self.routing_sample) < 8:
-                self.routing_sample.append(ev)
+                self.routing_sample.append(ev if ev is not None else batch.event(k))
+
+    def _routing_batch(self, batch) -> None:
+        """_routing for each line of an AccessBatch with an upstream address. A (client, upstream) pair
+        seen before changes nothing while the client table has room (or the sample is full): then each
+        distinct pair is routed once, at its first line."""
+        with_upstream = has_upstream(batch.addr)
+        if not with_upstream:
+            return
+        if len(with_upstream) == len(batch):
+            clients, upstreams, at = batch.client, batch.addr, range(len(batch))
+        else:
+            clients = [batch.client[k] for k in with_upstream]
+            upstreams = [batch.addr[k] for k in with_upstream]
+            at = with_upstream
+        pairs = list(zip(clients, upstreams, strict=True))
+        distinct = dict.fromkeys(pairs)
+        if len(self.client_upstreams) + len(distinct) <= MAX_KEYS or len(self.routing_sample) >= 8:
+            for client, upstream in distinct:
+                if len(self.routing_sample) < 8:
+                    self._route(client, upstream, None, batch, at[pairs.index((client, upstream))])
+                else:
+                    self._route(client, upstream, None)
+        else:
+            for q, (client, upstream) in enumerate(pairs):
+                self._route(client, upstream, None, batch, at[q])
 
     def hit_rate(self) -> float | None:
         if self.num_prompt_tokens:

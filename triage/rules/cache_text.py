@@ -50,6 +50,8 @@ def _dynamic_count(rule) -> tuple[int, list, int]:
     it (all but the most common variant), their keys, and all requests sharing a block there."""
     by_position: dict[int, list] = {}
     for key, prefixes in rule.later_to_prefixes.items():
+        if type(prefixes) is tuple:  # one request
+            continue
         total = sum(prefixes.values())
         if total < 2:
             continue

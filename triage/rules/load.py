@@ -78,6 +78,14 @@ class LoadRule(Rule):
                 self.num_slow_queue += 1
                 self.queue.add(ev, "request.scheduled.slow_queue", False, request_ids_of(ev))
 
+    def observe_batch(self, batch) -> None:
+        if batch.kind != "http.access":
+            super().observe_batch(batch)
+        elif 429 in batch.status:  # the only access lines this rule reads
+            for k, status in enumerate(batch.status):
+                if status == 429:
+                    self.observe(batch.event(k))
+
     def _stats(self, ev: Event) -> None:
         f = ev.fields
         preemptions = f.get("preemptions") or 0

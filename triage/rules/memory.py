@@ -112,6 +112,10 @@ class MemoryRule(Rule):
             if (labels.get("finish_reason") or labels.get("finished_reason")) == "error":
                 self.error_metrics.append(ev)
 
+    def observe_batch(self, batch) -> None:
+        if batch.kind != "request.finished":  # a request.finished batch holds no error finish: nothing to see
+            super().observe_batch(batch)
+
     def _engine_error(self, ev: Event) -> None:
         f = ev.fields
         text = f"{f.get('exc_type', '')} {f.get('message', '')}"

@@ -1,8 +1,10 @@
 """Cut streams told apart: engine crash, gateway timeout, client disconnect, proxy buffering."""
 
 from collections import Counter
+from itertools import repeat
 
 from triage.model import Event, Finding
+from triage.parsers.gateways import CUT_STATUSES
 from triage.rules import Candidate, Facts, Rule, request_ids_of
 from triage.rules import stream_text as T
 
@@ -101,11 +103,48 @@ class StreamRule(Rule):
         else:
             self.crash.add(ev, f"http.{status}_page", False)
 
+    def observe_batch(self, batch) -> None:
+        if batch.kind == "request.finished":  # every ttft_s a number, no finish_reason "error"
+            room = MAX_SAMPLES - len(self.server_ttft)
+            if room > 0:
+                ttft = batch.ttft[:room]
+                self.server_ttft.extend(ttft)
+                for k in range(min(len(ttft), 2 - len(self.server_samples))):
+                    self.server_samples.append(batch.event(k))
+        elif batch.kind == "http.access":  # gateway lines
+            if not CUT_STATUSES.isdisjoint(batch.status):
+                for k, status in enumerate(batch.status):
+                    if status in CUT_STATUSES:  # the lines whose cut is set
+                        self._cut(batch.event(k))
+            self._durations([d for d in batch.duration if d >= 1.0])
+        else:
+            super().observe_batch(batch)
+
     def _http_access(self, ev: Event) -> None:
         f = ev.fields
-        cut = f.get("cut")
         if f.get("gateway") == "engine-json" or ev.source == "engine-json":
             return
+        self._cut(ev)
+        duration = f.get("duration_s")
+        if duration and duration >= 1.0:
+            self._durations([duration])
+
+    def _durations(self, durations: list[float]) -> None:
+        """Request times of 1 s or more, by tenth of a second (at most 10,000 distinct)."""
+        if not durations:
+            return
+        keys = list(map(round, durations, repeat(1)))
+        counts = self.timeout_durations
+        if len(counts) + len(set(keys)) < 10_000:  # never full on the way: count in C
+            counts.update(keys)
+            return
+        for key in keys:
+            if len(counts) < 10_000:
+                counts[key] = counts.get(key, 0) + 1
+
+    def _cut(self, ev: Event) -> None:
+        f = ev.fields
+        cut = f.get("cut")
         if cut == "timeout":
             self.timeout.add(ev, f"{ev.source}.timeout", True, request_ids_of(ev))
         elif cut == "client":
@@ -115,10 +154,6 @@ class StreamRule(Rule):
             self._cut_at(ev)
         elif cut == "upstream_failed":
             self.crash.add(ev, f"{ev.source}.upstream_failed", False, request_ids_of(ev))
-        duration = f.get("duration_s")
-        if duration and duration >= 1.0 and len(self.timeout_durations) < 10_000:
-            key = round(duration, 1)
-            self.timeout_durations[key] = self.timeout_durations.get(key, 0) + 1
 
     # --- client side ---
     def _gateway_client_closed(self, ev: Event) -> None:

@@ -1,0 +1,264 @@
+"""Bulk paths for the lines that make up nearly all of a large log: the engine's request.finished JSON
+lines and ingress-nginx upstreaminfo access lines.
+
+A block's lines of these two kinds are matched by one regex findall each and handed to the rules as
+column lists (a batch) instead of one Event per line. A line goes into a batch only when the regex proves
+that the per-line path (FileParser.parse) would make exactly one event of that kind from it, with the
+values the columns hold; anything else (invalid or unusual JSON, a number float() cannot read, an error
+finish) stays on the per-line path. Batch.event(k) builds the per-line path's Event for one line, for
+the few lines a rule keeps as evidence or samples.
+"""
+
+import json
+import re
+import sys
+from itertools import compress, repeat
+from operator import getitem, ne
+
+from triage.model import Event
+from triage.parsers import engine_json, gateways
+from triage.timeparse import parse_clf, parse_iso
+
+_STR = r'"[^"\\\x00-\x1f]*"'  # a JSON string without escapes: its text is its value
+# A JSON number (json.loads refuses an int longer than sys.get_int_max_str_digits(): so does this)
+_DIGITS = f"{{0,{sys.get_int_max_str_digits() - 1}}}" if sys.get_int_max_str_digits() else "*"
+_NUM = rf'-?(?:0|[1-9][0-9]{_DIGITS})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?'
+_INT = r'-?(?:0|[1-9][0-9]{0,17})'  # json.loads makes an int, int() the same one
+# float() of the text equals float() of what json.loads makes ("-0" alone is the int 0, not -0.0)
+_FLOAT = r'(?!-0(?![.eE]))-?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?'
+# Uncaptured values by the sample's type: numbers and nulls stand for each other (tpot_s is null for a
+# one-token answer), other types must repeat.
+_BY_TYPE = {str: _STR, int: f"(?:{_NUM}|null)", float: f"(?:{_NUM}|null)", type(None): f"(?:null|{_NUM})",
+            bool: "(?:true|false)", list: rf'\[(?:{_STR}(?:,{_STR})*)?\]'}
+_ISO_Z = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.([0-9]{1,9}))?Z")
+# Values that change what the per-line path makes: a loadgen record, a finish rules count as an error.
+_NOT = {"logger": "loadgen", "finish_reason": "error"}
+FINISHED_COLUMNS = ("ts", "prompt_tokens", "cached_tokens", "ttft_s", "prefix_fingerprint")
+MAX_SHAPES = 64
+
+
+class FinishedShape:
+    """A regex for request.finished lines with one sample's keys in the sample's order.
+
+    A line it matches is a flat JSON object whose strings hold no escapes, so json.loads would give
+    exactly these keys with these texts as values: `ts` an ISO time with the sample's number of
+    fraction digits (the texts then sort as the times do), ints, a number, a list of strings, an
+    event of request.finished, a logger other than loadgen and a finish_reason other than error."""
+
+    def __init__(self, keys: tuple[str, ...], obj: dict):
+        parts, columns = [], []
+        for key in keys:
+            value = obj[key]
+            if key == "ts":
+                m = _ISO_Z.fullmatch(value) if isinstance(value, str) else None
+                if m is None:
+                    raise ValueError("ts")
+                digits = len(m.group(1) or "")
+                frac = rf"\.[0-9]{{{digits}}}" if digits else ""
+                pattern = rf'"([0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}T[0-9]{{2}}:[0-9]{{2}}:[0-9]{{2}}{frac}Z)"'
+            elif key in ("prompt_tokens", "cached_tokens"):
+                if type(value) is not int:
+                    raise ValueError(key)
+                pattern = f"({_INT})"
+            elif key == "ttft_s":
+                if type(value) not in (int, float):
+                    raise ValueError(key)
+                pattern = f"({_FLOAT})"
+            elif key == "prefix_fingerprint":
+                if not isinstance(value, list):
+                    raise ValueError(key)
+                pattern = rf'\[((?:{_STR}(?:,{_STR})*)?)\]'
+            elif key == "event":
+                pattern = r'"request\.finished"'
+            elif key in _NOT and type(value) is str:
+                pattern = rf'"(?!{_NOT[key]}")[^"\\\x00-\x1f]*"'
+            elif type(value) in _BY_TYPE:
+                pattern = _BY_TYPE[type(value)]
+            else:
+                raise ValueError(key)
+            if key in FINISHED_COLUMNS:
+                columns.append(key)
+            parts.append('"' + re.escape(key) + '":' + pattern)
+        if sorted(columns) != sorted(FINISHED_COLUMNS):
+            raise ValueError("missing keys")
+        self.regex = re.compile(r"\{" + ",".join(parts) + r"\}")
+        # findall over lines joined by "\n": one tuple a line, the shape's groups or the whole line last
+        self.lines = re.compile(r"(?m)^(?:" + self.regex.pattern + r"|(.*))$")
+        self.columns = tuple(columns.index(name) for name in FINISHED_COLUMNS)
+
+    @staticmethod
+    def learn(line: str) -> "FinishedShape | None":
+        """The shape of a request.finished line, if the bulk path can read lines like it."""
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(obj, dict) or obj.get("event") != "request.finished":
+            return None
+        ts = obj.get("ts")
+        signature = (tuple(obj), tuple(map(type, obj.values())), len(ts) if isinstance(ts, str) else None)
+        if signature in _SHAPES:
+            shape = _SHAPES[signature]
+        else:
+            try:
+                shape = FinishedShape(signature[0], obj)
+            except ValueError:
+                shape = None
+            if len(_SHAPES) >= MAX_SHAPES:
+                _SHAPES.clear()
+            _SHAPES[signature] = shape
+        # JSON with spaces, escapes or numbers out of range stays with the per-line path
+        return shape if shape is not None and shape.regex.fullmatch(line) else None
+
+
+_SHAPES: dict[tuple, FinishedShape | None] = {}
+
+
+class Batch:
+    """Lines of one kind from one block, in order, as columns; idx holds their indices in the block."""
+
+    kind = ""
+    columns: tuple[str, ...] = ("idx", "lines")
+
+    def __init__(self, file: str, base: int, *columns: list):
+        self.file, self.base = file, base  # base: the line number of the block's line 0
+        for name, col in zip(self.columns, columns, strict=True):
+            setattr(self, name, col)
+        self._events: dict[int, Event] = {}
+        self._times: list | None = None
+
+    def __len__(self) -> int:
+        return len(self.idx)  # type: ignore[attr-defined]
+
+    def lineno(self, k: int) -> int:
+        return self.base + self.idx[k]  # type: ignore[attr-defined]
+
+    def event(self, k: int) -> Event:
+        """The Event the per-line path makes of line k (one object per line, as there)."""
+        ev = self._events.get(k)
+        if ev is None:
+            ev = self._events[k] = self._make_event(self.lines[k], self.lineno(k))  # type: ignore[attr-defined]
+        return ev
+
+    def _make_event(self, line: str, lineno: int) -> Event:
+        raise NotImplementedError
+
+    def _parse_times(self) -> list:
+        raise NotImplementedError
+
+    def times(self) -> list:
+        """Each line's time (None where it does not parse)."""
+        if self._times is None:
+            self._times = self._parse_times()
+        return self._times
+
+    def time_range(self) -> tuple:
+        """(earliest, latest) of the lines' times that parse; (None, None) when none does."""
+        valid = [t for t in self.times() if t is not None]
+        return (min(valid), max(valid)) if valid else (None, None)
+
+    def _with(self, pick) -> "Batch":
+        out = type(self)(self.file, self.base, *(pick(getattr(self, name)) for name in self.columns))
+        if self._times is not None:
+            out._times = pick(self._times)
+        return out
+
+    def slice(self, lo: int, hi: int) -> "Batch":
+        return self._with(lambda col: col[lo:hi])
+
+    def subset(self, keep: list[int]) -> "Batch":
+        return self._with(lambda col: [col[k] for k in keep])
+
+
+class FinishedBatch(Batch):
+    """request.finished events: finish_reason never "error", prompt and cached tokens ints, ttft_s a
+    number (as float), prefix_fingerprint a list of strings, ts strings of one fixed ISO format."""
+
+    kind = "request.finished"
+    columns = ("idx", "lines", "ts", "prompt", "cached", "ttft", "fps")
+
+    def _make_event(self, line: str, lineno: int) -> Event:
+        return engine_json.parse_json_object(json.loads(line), line, self.file, lineno)  # type: ignore[return-value]
+
+    def _parse_times(self) -> list:
+        return list(map(parse_iso, self.ts))  # type: ignore[attr-defined]
+
+    def time_range(self) -> tuple:
+        ts = self.ts  # type: ignore[attr-defined]
+        if not ts:
+            return None, None
+        lo, hi = parse_iso(min(ts)), parse_iso(max(ts))  # one fixed format: text order is time order
+        if lo is None or hi is None:  # an impossible date sorts first or last: parse them all
+            return super().time_range()
+        return lo, hi
+
+
+class AccessBatch(Batch):
+    """nginx (ingress upstreaminfo) http.access events: client, time string, int status, request time
+    (as float) and upstream address ("-" for none)."""
+
+    kind = "http.access"
+    columns = ("idx", "lines", "client", "time", "status", "duration", "addr")
+
+    def _make_event(self, line: str, lineno: int) -> Event:
+        return gateways.upstreaminfo_access(gateways.NGINX_UPSTREAMINFO.match(line), self.file, lineno, line)
+
+    def _parse_times(self) -> list:
+        return list(map(parse_clf, self.time))  # type: ignore[attr-defined]
+
+    def time_range(self) -> tuple:
+        if self._times is not None:
+            return super().time_range()
+        valid = [t for t in map(parse_clf, set(self.time)) if t is not None]  # type: ignore[attr-defined]
+        return (min(valid), max(valid)) if valid else (None, None)
+
+
+# NGINX_UPSTREAMINFO's lines where upstreaminfo_access cannot fail (every number reads), for lines whose
+# first character is a digit or "[" (FileParser.parse's fast path); the groups are what rules aggregate.
+# The fields are space-separated tokens, so a line both match is split into the same groups by both.
+UPSTREAMINFO_BULK = re.compile(
+    r'(?m)^(?:(?=[\d\[])(\S+) \S+ \S+ \[([^\]]+)\] "[^"]*" (\d{3}) (?:\d{1,18}|-)(?: "[^"]*" "[^"]*")? \d+ '
+    r'(\d+\.?\d*|\.\d+) \[[^\]]*\] \[[^\]]*\] (\S+) \S+ (?:\d+\.?\d*|\.\d+|-) \S+(?: \S+)?|(.*))$')
+
+
+def finished_batch(file: str, base: int, idx: list[int], lines: list[str], shape: FinishedShape,
+                   ) -> tuple[FinishedBatch | None, list[int]]:
+    """The lines shape matches as one batch, and the positions (in idx) of those it does not."""
+    rows = shape.lines.findall("\n".join(lines))  # one row a line: no line is empty
+    cols = list(zip(*rows, strict=True))
+    ts = cols[shape.columns[0]]
+    misses = [k for k, text in enumerate(ts) if not text] if "" in ts else []
+    if misses:
+        keep = [k for k, text in enumerate(ts) if text]
+        if not keep:
+            return None, misses
+        idx, lines = [idx[k] for k in keep], [lines[k] for k in keep]
+        cols = [[col[k] for k in keep] for col in cols]
+    ts, prompt, cached, ttft, raw_fps = (cols[c] for c in shape.columns)
+    fps = list(map(str.split, map(getitem, raw_fps, repeat(slice(1, -1))), repeat('","')))
+    if "" in raw_fps:  # "[]": an empty list, not one empty string
+        fps = [fp if raw else [] for fp, raw in zip(fps, raw_fps, strict=True)]
+    batch = FinishedBatch(file, base, idx, lines, list(ts), list(map(int, prompt)), list(map(int, cached)),
+                          list(map(float, ttft)), fps)
+    return batch, misses
+
+
+def access_rows(text: str) -> list[tuple]:
+    """UPSTREAMINFO_BULK's row for each line of text: its groups, or the line alone last when it does
+    not match (a row's status, [2], is set only when it does)."""
+    rows = UPSTREAMINFO_BULK.findall(text)
+    if text.endswith("\n"):
+        rows.pop()  # the empty "line" after the last "\n"
+    return rows
+
+
+def access_batch(file: str, base: int, idx: list[int], lines: list[str], rows: list[tuple]) -> AccessBatch:
+    """A batch of lines whose rows matched."""
+    client, time, status, duration, addr, _ = zip(*rows, strict=True)
+    return AccessBatch(file, base, idx, lines, list(client), list(time), list(map(int, status)),
+                       list(map(float, duration)), list(addr))
+
+
+def has_upstream(addrs: list[str]) -> list[int]:
+    """Positions of lines with an upstream address (upstreaminfo_access's upstream_addr is not None)."""
+    return list(compress(range(len(addrs)), map(ne, addrs, repeat("-"))))

@@ -104,8 +104,12 @@ def gpu_board() -> Board:
               kind="state-timeline", description="Only active reasons are shown; thermal ones fire LLMGPUThermalThrottle."),
     ]
     health = [
-        Panel("XID events (last 10m)", [Query(f"llm:gpu_xid_errors:increase10m{GPU}", "XID {{xid}} GPU {{gpu}}")],
-              unit="short", thresholds=[(1, "red")]),
+        # A GPU without XIDs draws a flat 0 (xid="none"), not "No data": quiet and broken look different.
+        Panel("XID events (last 10m)", [Query(
+            f"llm:gpu_xid_errors:increase10m{GPU} or on (instance, gpu) "
+            f'label_replace(0 * llm:gpu_memory_used:ratio{GPU}, "xid", "none", "", "")',
+            "XID {{xid}} GPU {{gpu}}")], unit="short", thresholds=[(1, "red")],
+            description="Events per XID code; xid=none at 0 when a GPU had none in the last 10 minutes."),
         Panel("Uncorrectable ECC errors", [Query(f"llm:gpu_ecc_uncorrected_errors:total{GPU}", legend)],
               unit="short", thresholds=[(1, "red")]),
     ]

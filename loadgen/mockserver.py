@@ -75,6 +75,7 @@ class MockServer:
         self.stats = MockStats()
         self.cache = BlockCache(config.block_size)
         self.port: int | None = None
+        self._frame_cache: dict[bool, dict] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
@@ -178,35 +179,49 @@ class MockServer:
 
     async def _stream(self, writer, chat: bool, num_tokens: int, mode: str, usage: dict, arrival: float) -> bool:
         cfg = self.config
+        frames = self._frames(chat)
         close = b"Connection: close\r\n" if mode == "nodone" else b""  # the client must not reuse it
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     b"Transfer-Encoding: chunked\r\n" + close + b"\r\n")
+        head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                b"Transfer-Encoding: chunked\r\n" + close + b"\r\n")
         try:
-            if chat:
-                await _event(writer, _chunk(cfg.model, chat, "", role=True))
+            # What is due at the same instant leaves in one write: the headers with the role chunk,
+            # then finish, usage, [DONE] and the last chunk. Each token is its own write at its time.
+            await _send(writer, head + frames["role"] if chat else head)
             for k in range(num_tokens):
                 if mode in ("cut", "error", "hang") and k == cfg.fault_after_tokens:
                     return await self._fault(writer, mode)
                 due = arrival + cfg.ttft_s + k * cfg.itl_s
-                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
                 if k == 0:
                     self.stats.first_token_lag_s.append(time.perf_counter() - due)
-                await _event(writer, _chunk(cfg.model, chat, f" tok{k}"))
-            await _event(writer, _chunk(cfg.model, chat, "", finish="length"))
+                token = frames.get(k)
+                if token is None:
+                    token = frames[k] = _frame(_chunk(cfg.model, chat, f" tok{k}"))
+                await _send(writer, token)
+            tail = frames["finish"]
             if mode != "nousage":
-                await _event(writer, {"id": "cmpl-mock", "object": "chat.completion.chunk", "model": cfg.model,
-                                      "choices": [], "usage": usage})
+                tail += _frame({"id": "cmpl-mock", "object": "chat.completion.chunk", "model": cfg.model,
+                                "choices": [], "usage": usage})
             if mode == "nodone":
-                writer.write(b"0\r\n\r\n")
-                await writer.drain()
+                await _send(writer, tail + b"0\r\n\r\n")
                 return False
-            await _event(writer, "[DONE]")
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
+            await _send(writer, tail + frames["done"] + b"0\r\n\r\n")
             return True
         except ConnectionError:
             self.stats.num_disconnects += 1
             return False
+
+    def _frames(self, chat: bool) -> dict:
+        """Encoded chunks that never change (role, each token, finish, [DONE]), made once."""
+        frames = self._frame_cache.get(chat)
+        if frames is None:
+            model = self.config.model
+            frames = self._frame_cache[chat] = {
+                "role": _frame(_chunk(model, chat, "", role=True)),
+                "finish": _frame(_chunk(model, chat, "", finish="length")), "done": _frame("[DONE]")}
+        return frames
 
     async def _fault(self, writer, mode: str) -> bool:
         if mode == "cut":  # the engine died: the connection closes with no terminating chunk
@@ -232,13 +247,23 @@ def _chunk(model: str, chat: bool, text: str, role: bool = False, finish: str | 
     return {"id": "cmpl-mock", "object": "text_completion", "model": model, "choices": [choice]}
 
 
-async def _event(writer, payload: dict | str) -> None:
+def _frame(payload: dict | str) -> bytes:
+    """One SSE event as one HTTP chunk."""
     data = payload if isinstance(payload, str) else json.dumps(payload)
     frame = f"data: {data}\n\n".encode()
-    writer.write(f"{len(frame):x}\r\n".encode() + frame + b"\r\n")
-    await writer.drain()
+    return f"{len(frame):x}\r\n".encode() + frame + b"\r\n"
+
+
+async def _send(writer, data: bytes) -> None:
+    writer.write(data)
+    if writer.transport.get_write_buffer_size():  # only a slow reader leaves bytes to wait for
+        await writer.drain()
     if writer.transport.is_closing():
         raise ConnectionResetError("client went away")
+
+
+async def _event(writer, payload: dict | str) -> None:
+    await _send(writer, _frame(payload))
 
 
 def _error(message: str, kind: str) -> dict:

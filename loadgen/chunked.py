@@ -27,7 +27,7 @@ MAX_LINE = 65536  # a chunk-size or trailer line longer than this is a broken st
 
 class ChunkedBody:
     __slots__ = ("resp", "raw", "hr", "fp", "clock", "arrived", "done", "_left", "_crlf", "_line", "_trailer",
-                 "_extra")
+                 "_extra", "_gsock", "_primed")
 
     def __init__(self, resp, raw, hr, fp, clock: Callable[[], float] = time.perf_counter) -> None:
         self.resp = resp  # requests.Response (Locust's ResponseContextManager)
@@ -42,6 +42,8 @@ class ChunkedBody:
         self._line = b""  # a size or trailer line not complete yet
         self._trailer = False  # past the zero-size chunk: trailer lines until a blank one
         self._extra = False  # bytes after the end of the body: the connection is not reusable
+        self._gsock = None  # under gevent: the connection's socket, to wait on before each read
+        self._primed = False  # the first read took what http.client had buffered after the headers
 
     @classmethod
     def open(cls, resp, clock: Callable[[], float] = time.perf_counter) -> "ChunkedBody | None":
@@ -54,7 +56,11 @@ class ChunkedBody:
             return None
         if raw.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
             return None
-        return cls(resp, raw, hr, fp, clock)
+        body = cls(resp, raw, hr, fp, clock)
+        sock = getattr(getattr(raw, "connection", None), "sock", None)
+        if all(hasattr(sock, name) for name in ("_wait", "_read_event", "_sock", "timeout")):
+            body._gsock = sock  # a gevent socket (Locust monkey-patches): see _gevent_read
+        return body
 
     def read(self) -> bytes:
         """Body bytes that have arrived, waiting only while there are none; b"" once the body is complete.
@@ -64,7 +70,11 @@ class ChunkedBody:
         if self.done:
             return b""
         try:
-            data = self.fp.read1(READ_SIZE)
+            if self._primed:
+                data = self._gevent_read()
+            else:
+                data = self.fp.read1(READ_SIZE)
+                self._primed = self._gsock is not None
             self.arrived = self.clock()
         except TimeoutError as exc:  # socket.timeout
             self._abandon()
@@ -83,6 +93,20 @@ class ChunkedBody:
         if self.done:
             self._finish()
         return body
+
+    def _gevent_read(self) -> bytes:
+        """What gevent's recv does, in the other order. gevent tries the read first and, on
+        EWOULDBLOCK (an exception, nearly always: the next token is not there yet), waits for the
+        socket and tries again. Waiting first (with the socket's read timeout, as gevent applies it)
+        and reading once costs a third less CPU per token. The buffered reader is empty by now:
+        the first read1 took everything it held."""
+        gsock = self._gsock
+        while True:
+            gsock._wait(gsock._read_event)  # socket.timeout (a TimeoutError) after gsock.timeout
+            try:
+                return gsock._sock.recv(READ_SIZE)
+            except BlockingIOError:  # a spurious wake-up: wait again
+                continue
 
     def _decode(self, data: bytes) -> bytes:
         out = []

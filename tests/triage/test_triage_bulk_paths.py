@@ -66,8 +66,8 @@ def _iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
-def _engine_line(rng: random.Random, i: int, t: datetime, event_first: bool) -> str:
-    fp = [f"{rng.getrandbits(32):08x}" for _ in range(rng.choice((4, 4, 4, 2, 5, 1)))]
+def _engine_line(rng: random.Random, i: int, t: datetime, event_first: bool, widths=(4, 4, 4, 2, 5, 1)) -> str:
+    fp = [f"{rng.getrandbits(32):08x}" for _ in range(rng.choice(widths))]
     if rng.random() < 0.3:
         fp = ["shared01", "shared02", *fp[2:]]
     elif rng.random() < 0.3:
@@ -100,13 +100,13 @@ def _access_line(rng: random.Random, t: datetime) -> str:
             f'{status} {rng.getrandbits(64):016x}')
 
 
-def write_logs(folder, num: int, seed: int, odd_rate: float) -> None:
+def write_logs(folder, num: int, seed: int, odd_rate: float, widths=(4, 4, 4, 2, 5, 1)) -> None:
     """Engine lines (two key orders), access lines, both mixed in one file, gzip with CRLF, and odd lines."""
     rng = random.Random(seed)
     engine, access = [], []
     for i in range(num):
         t = T0 + timedelta(milliseconds=37 * i)
-        engine.append(_engine_line(rng, i, t, event_first=i > num * 0.7 and rng.random() < 0.5))
+        engine.append(_engine_line(rng, i, t, i > num * 0.7 and rng.random() < 0.5, widths))
         access.append(_access_line(rng, t))
         for lines in (engine, access):
             if rng.random() < odd_rate:
@@ -181,10 +181,25 @@ def test_bulk_equals_per_line_in_a_time_window(tmp_path, monkeypatch):
     assert_same(*run_both(monkeypatch, [str(tmp_path)], "2026-11-29T19:01:10Z", "2026-11-29T19:02:30Z"))
 
 
-def test_bulk_equals_per_line_when_cache_tables_prune(tmp_path, monkeypatch):
+@pytest.mark.parametrize("widths", [(4,), (3,), (6,), (4, 4, 4, 2, 5, 1)])
+def test_bulk_equals_per_line_when_cache_tables_prune(tmp_path, monkeypatch, widths):
     monkeypatch.setattr(cache, "MAX_KEYS", 300)  # prunes every few blocks, shared keys among them
-    write_logs(tmp_path, 8000, 5, 0.001)
+    write_logs(tmp_path, 8000, 5, 0.001, widths)
     assert_same(*run_both(monkeypatch, [str(tmp_path / "engine-0.log")]))
+
+
+def test_bulk_equals_per_line_with_unique_prompts(tmp_path, monkeypatch):
+    """Every fingerprint new (the tables fill with keys seen once and prune), as in the speed bench."""
+    rng = random.Random(7)
+    lines = []
+    for i in range(6000):
+        fp = ",".join(f'"{rng.getrandbits(32):08x}"' for _ in range(4))
+        lines.append(f'{{"ts":"{_iso(T0 + timedelta(milliseconds=50 * i))}","level":"info","event":"request.finished",'
+                     f'"request_id":"r{i}","finish_reason":"stop","prompt_tokens":64,"cached_tokens":0,'
+                     f'"ttft_s":0.04,"prefix_fingerprint":[{fp}]}}')
+    (tmp_path / "engine.log").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(cache, "MAX_KEYS", 1000)
+    assert_same(*run_both(monkeypatch, [str(tmp_path)]))
 
 
 def test_the_decisive_line_at_a_block_edge(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import re
 from bisect import bisect_left
 from collections.abc import Iterable
 from itertools import compress, repeat
-from operator import add, and_, itemgetter, not_
+from operator import add, and_, not_
 
 from triage.model import Event
 from triage.parsers import client, engine_json, gateways, metrics_text, text_logs
@@ -69,18 +69,22 @@ class FileParser:
                 if batch is not None:
                     batches.append(batch)
         if other_idx and '] "' in block and self._no_csv(first, lines):
-            rows = access_rows(block if len(other_idx) == n else "\n".join([lines[i] for i in other_idx]))
-            status = list(map(itemgetter(2), rows))  # set where the row matched
-            hit = list(compress(range(len(rows)), status)) if "" in status else list(range(len(rows)))
-            if first < 3:  # parse() reads lines 1-3 as a possible CSV header first
-                hit = [k for k in hit if other_idx[k] >= 3 - first]
-            if hit:
-                if len(hit) < len(other_idx):
+            whole = len(other_idx) == n
+            rows = access_rows(block if whole else "\n".join(map(lines.__getitem__, other_idx)))
+            cols = list(zip(*rows, strict=True))  # client, time, status (set where the row matched), ...
+            if first < 3 or "" in cols[2]:  # parse() reads lines 1-3 as a possible CSV header first
+                hit = [k for k, status in enumerate(cols[2]) if status and other_idx[k] >= 3 - first]
+            else:
+                hit = None  # every line
+            if hit is None or hit:
+                if hit is not None and len(hit) < len(other_idx):
                     hit_set = set(hit)
                     slow += [i for k, i in enumerate(other_idx) if k not in hit_set]
                     other_idx = [other_idx[k] for k in hit]
-                    rows = [rows[k] for k in hit]
-                batches.append(access_batch(self.file, first + 1, other_idx, [lines[i] for i in other_idx], rows))
+                    cols = [[col[k] for k in hit] for col in cols]
+                    whole = False
+                hit_lines = lines if whole else list(map(lines.__getitem__, other_idx))
+                batches.append(access_batch(self.file, first + 1, other_idx, hit_lines, cols))
                 other_idx = []
         slow += other_idx
         if not batches:
@@ -242,7 +246,7 @@ def wanted_lines(block: str) -> Iterable[tuple[int, str]]:
 
 
 # The engine events this file reads, by the character 19 after the start of the event key (unique to each)
-_ENGINE_KEYS = (_FINISHED, _SCHEDULED, *_SKIP_EVENTS)
+_ENGINE_KEYS = (*_SKIP_EVENTS, _FINISHED, _SCHEDULED)  # the commonest first
 _AT_19 = {"n": _FINISHED, "h": _SCHEDULED, "r": _SKIP_EVENTS[0], "s": _SKIP_EVENTS[1], "c": _SKIP_EVENTS[2]}
 assert all(key[19] == code for code, key in _AT_19.items())
 _IS_FINISHED = bytes(int(c == ord("n")) for c in range(256))

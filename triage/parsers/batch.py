@@ -175,7 +175,32 @@ class FinishedBatch(Batch):
     number (as float), prefix_fingerprint a list of strings, ts strings of one fixed ISO format."""
 
     kind = "request.finished"
-    columns = ("idx", "lines", "ts", "prompt", "cached", "ttft", "fps")
+    columns = ("idx", "lines", "ts", "prompt", "cached", "ttft", "raw_fps")  # raw_fps: the list's text
+
+    @property
+    def fps(self) -> list[list[str]]:
+        """Each line's prefix_fingerprint (made once)."""
+        fps = self.__dict__.get("_fps")
+        if fps is None:
+            raw = self.raw_fps  # type: ignore[attr-defined]
+            fps = list(map(str.split, map(getitem, raw, repeat(slice(1, -1))), repeat('","')))
+            if "" in raw:  # "[]": an empty list, not one empty string
+                fps = [fp if text else [] for fp, text in zip(fps, raw, strict=True)]
+            self._fps = fps
+        return fps
+
+    def fp_columns(self) -> list[list[str]] | None:
+        """The fingerprints as columns (block 0 of every line, block 1, ...) when every line has the same
+        number of blocks, one or more; else None."""
+        raw = self.raw_fps  # type: ignore[attr-defined]
+        if not raw or "" in raw:
+            return None
+        commas = set(map(str.count, raw, repeat('","')))  # blocks hold no quote: '","' parts them
+        if len(commas) != 1:
+            return None
+        width = commas.pop() + 1
+        flat = ",".join(raw)[1:-1].split('","')
+        return [flat[j::width] for j in range(width)]
 
     def _make_event(self, line: str, lineno: int) -> Event:
         return engine_json.parse_json_object(json.loads(line), line, self.file, lineno)  # type: ignore[return-value]
@@ -235,11 +260,8 @@ def finished_batch(file: str, base: int, idx: list[int], lines: list[str], shape
         idx, lines = [idx[k] for k in keep], [lines[k] for k in keep]
         cols = [[col[k] for k in keep] for col in cols]
     ts, prompt, cached, ttft, raw_fps = (cols[c] for c in shape.columns)
-    fps = list(map(str.split, map(getitem, raw_fps, repeat(slice(1, -1))), repeat('","')))
-    if "" in raw_fps:  # "[]": an empty list, not one empty string
-        fps = [fp if raw else [] for fp, raw in zip(fps, raw_fps, strict=True)]
-    batch = FinishedBatch(file, base, idx, lines, list(ts), list(map(int, prompt)), list(map(int, cached)),
-                          list(map(float, ttft)), fps)
+    batch = FinishedBatch(file, base, idx, lines, ts, list(map(int, prompt)), list(map(int, cached)),
+                          list(map(float, ttft)), raw_fps)
     return batch, misses
 
 
@@ -252,11 +274,11 @@ def access_rows(text: str) -> list[tuple]:
     return rows
 
 
-def access_batch(file: str, base: int, idx: list[int], lines: list[str], rows: list[tuple]) -> AccessBatch:
-    """A batch of lines whose rows matched."""
-    client, time, status, duration, addr, _ = zip(*rows, strict=True)
-    return AccessBatch(file, base, idx, lines, list(client), list(time), list(map(int, status)),
-                       list(map(float, duration)), list(addr))
+def access_batch(file: str, base: int, idx: list[int], lines: list[str], cols: list) -> AccessBatch:
+    """A batch of lines whose rows matched, from the rows' columns."""
+    client, time, status, duration, addr = cols[:5]
+    return AccessBatch(file, base, idx, lines, client, time, list(map(int, status)),
+                       list(map(float, duration)), addr)
 
 
 def has_upstream(addrs: list[str]) -> list[int]:

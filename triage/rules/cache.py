@@ -3,7 +3,6 @@
 import re
 from collections import Counter, deque
 from itertools import chain, repeat, starmap
-from operator import itemgetter
 
 from triage.model import Event, Finding
 from triage.parsers.batch import has_upstream
@@ -135,24 +134,24 @@ class CacheRule(Rule):
             self.num_short += len(short)
             for k in short[:3 - len(self.short_samples)]:
                 self.short_samples.append(batch.event(k))
-        fps = batch.fps
-        lengths = list(map(len, fps))
-        if min(lengths) >= 2:
-            multi: list[int] | range = range(len(fps))
-        else:
-            multi = [k for k, length in enumerate(lengths) if length >= 2]
-            fps = [fps[k] for k in multi]
-        if not fps:
+        columns = batch.fp_columns()
+        if columns is not None:  # every request with the same number of blocks
+            if len(columns) < 2:
+                return
+            self.num_multi_block += len(prompts)
+            pairs = list(zip(columns[0], columns[1], strict=True))
+            self._count_prefixes(pairs)
+            if len(columns) > 2:
+                self._later_blocks_alike(columns, range(len(prompts)), batch, pairs)
             return
-        self.num_multi_block += len(fps)
-        pairs = list(zip(map(itemgetter(0), fps), map(itemgetter(1), fps), strict=True))
-        self._count_prefixes(pairs)
-        width = max(lengths) - 2  # later blocks a request has
-        if width > 0 and min(lengths) == width + 2:
-            self._later_blocks_alike(fps, multi, width, batch, pairs)
-        else:
-            for k, fp in zip(multi, fps, strict=True):
-                self._later_blocks(fp, None, batch, k)
+        fps = batch.fps
+        multi = [k for k, fp in enumerate(fps) if len(fp) >= 2]
+        if not multi:
+            return
+        self.num_multi_block += len(multi)
+        self._count_prefixes([(fps[k][0], fps[k][1]) for k in multi])
+        for k in multi:
+            self._later_blocks(fps[k], None, batch, k)
 
     def _count_prefixes(self, keys: list[tuple]) -> None:
         """Counts requests by their first two blocks, in order; runs that cannot fill the table are
@@ -203,17 +202,18 @@ class CacheRule(Rule):
         _prune(table, weights)
         self.num_shared_keys = sum(type(v) is dict for v in table.values())
 
-    def _later_blocks_alike(self, fps: list[list], multi, width: int, batch, pairs: list[tuple]) -> None:
-        """_later_blocks for requests with the same number of blocks: runs of them whose keys are all
-        new (to the table and to each other) and fit without a prune are inserted at once."""
+    def _later_blocks_alike(self, columns: list[list[str]], multi, batch, pairs: list[tuple]) -> None:
+        """_later_blocks for requests with the same number of blocks (columns: block i of each): runs of
+        them whose keys are all new (to the table and to each other) and fit without a prune are
+        inserted at once."""
         table = self.later_to_prefixes
-        columns = [list(map(itemgetter(i), fps)) for i in range(width + 2)]
+        width = len(columns) - 2  # keys a request has
         by_j = [list(zip(repeat(j), columns[j], columns[j + 1])) for j in range(1, width + 1)]
         keys = list(chain.from_iterable(zip(*by_j, strict=True))) if width > 1 else by_j[0]
         heads = None
         r = 0
-        while r < len(fps):
-            end = min(len(fps), r + (MAX_KEYS - len(table)) // width)
+        while r < len(multi):
+            end = min(len(multi), r + (MAX_KEYS - len(table)) // width)
             if end > r:
                 run = keys[r * width:end * width]
                 if len(set(run)) == len(run) and not any(map(table.__contains__, run)):
@@ -227,8 +227,9 @@ class CacheRule(Rule):
                     continue
             else:
                 end = r + 1  # the table is full: the first new key prunes it
+            fps = batch.fps
             for q in range(r, end):
-                self._later_blocks(fps[q], None, batch, multi[q])
+                self._later_blocks(fps[multi[q]], None, batch, multi[q])
             r = end
 
     def _sample(self, key: tuple, head: tuple, ev: Event | None, batch=None, k: int = 0) -> None:

@@ -130,15 +130,17 @@ class StreamRule(Rule):
             self._durations([duration])
 
     def _durations(self, durations: list[float]) -> None:
-        """Request times of 1 s or more, by tenth of a second (at most 10,000 distinct)."""
+        """Request times of 1 s or more, by tenth of a second (at most 10,000 distinct), in order."""
         if not durations:
             return
-        keys = list(map(round, durations, repeat(1)))
         counts = self.timeout_durations
-        if len(counts) + len(set(keys)) < 10_000:  # never full on the way: count in C
-            counts.update(keys)
+        by_value = Counter(durations)  # a time repeats: round each distinct one once, in first-seen order
+        if len(counts) + len(by_value) < 10_000:  # never full on the way: add the counts up
+            for value, num in by_value.items():
+                key = round(value, 1)
+                counts[key] = counts.get(key, 0) + num
             return
-        for key in keys:
+        for key in map(round, durations, repeat(1)):
             if len(counts) < 10_000:
                 counts[key] = counts.get(key, 0) + 1
 

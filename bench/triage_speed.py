@@ -8,6 +8,7 @@ the wall-clock ratio too, throughput, llmtriage's peak RSS and its first finding
 
   python bench/triage_speed.py            # 256 MB
   python bench/triage_speed.py --quick    # 32 MB
+  python bench/triage_speed.py --data /tmp/logs   # generate into /tmp/logs once, reuse it after
 """
 
 import argparse
@@ -101,16 +102,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="32 MB instead of 256 MB")
     parser.add_argument("--size-mb", type=int, help="generate this many MB instead")
+    parser.add_argument("--data", metavar="DIR", help="keep the logs in DIR: generated there when it is empty, "
+                        "reused as they are (whatever their size) when it is not")
     args = parser.parse_args()
     size_mb = args.size_mb or (32 if args.quick else 256)
     with tempfile.TemporaryDirectory(prefix="triage-bench-") as tmp:
-        folder = Path(tmp)
-        nbytes = generate(folder, size_mb * 1_000_000)
+        folder = Path(args.data or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        if any(folder.iterdir()):
+            nbytes = sum(p.stat().st_size for p in folder.iterdir())
+        else:
+            nbytes = generate(folder, size_mb * 1_000_000)
         files = sorted(str(p) for p in folder.iterdir())
         grep_s, grep_cpu_s, _ = timed(["grep", "-c", "-E", DECISIVE, *files])
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         triage_s, triage_cpu_s, tri = timed(
-            [sys.executable, "-m", "triage.cli", "diagnose", tmp, "--format", "json"], env)
+            [sys.executable, "-m", "triage.cli", "diagnose", str(folder), "--format", "json"], env)
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         if tri.returncode not in (0, 1):
             print(tri.stderr, file=sys.stderr)

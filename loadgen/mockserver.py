@@ -187,19 +187,10 @@ class MockServer:
             # What is due at the same instant leaves in one write: the headers with the role chunk,
             # then finish, usage, [DONE] and the last chunk. Each token is its own write at its time.
             await _send(writer, head + frames["role"] if chat else head)
-            for k in range(num_tokens):
-                if mode in ("cut", "error", "hang") and k == cfg.fault_after_tokens:
-                    return await self._fault(writer, mode)
-                due = arrival + cfg.ttft_s + k * cfg.itl_s
-                delay = due - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if k == 0:
-                    self.stats.first_token_lag_s.append(time.perf_counter() - due)
-                token = frames.get(k)
-                if token is None:
-                    token = frames[k] = _frame(_chunk(cfg.model, chat, f" tok{k}"))
-                await _send(writer, token)
+            fault = mode in ("cut", "error", "hang") and num_tokens > cfg.fault_after_tokens
+            await self._tokens(writer, chat, frames, cfg.fault_after_tokens if fault else num_tokens, arrival)
+            if fault:
+                return await self._fault(writer, mode)
             tail = frames["finish"]
             if mode != "nousage":
                 tail += _frame({"id": "cmpl-mock", "object": "chat.completion.chunk", "model": cfg.model,
@@ -212,6 +203,38 @@ class MockServer:
         except ConnectionError:
             self.stats.num_disconnects += 1
             return False
+
+    def _tokens(self, writer, chat: bool, frames: dict, count: int, arrival: float) -> asyncio.Future:
+        """Write tokens 0..count-1, token k at arrival + TTFT + k * ITL, from the loop's timer
+        callbacks (what asyncio.sleep schedules, without a task waking per token); the future is
+        done after the last token, or fails with ConnectionResetError when the client went away."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        if count <= 0:
+            done.set_result(None)
+            return done
+        cfg, transport, lags = self.config, writer.transport, self.stats.first_token_lag_s
+        to_loop = loop.time() - time.perf_counter()  # perf_counter -> the loop's clock
+
+        def write(k: int) -> None:
+            if done.done():  # cancelled (server stopping)
+                return
+            if k == 0:
+                lags.append(time.perf_counter() - (arrival + cfg.ttft_s))
+            if transport.is_closing():
+                done.set_exception(ConnectionResetError("client went away"))
+                return
+            token = frames.get(k)
+            if token is None:
+                token = frames[k] = _frame(_chunk(cfg.model, chat, f" tok{k}"))
+            transport.write(token)
+            if k + 1 == count:
+                done.set_result(None)
+            else:
+                loop.call_at(arrival + cfg.ttft_s + (k + 1) * cfg.itl_s + to_loop, write, k + 1)
+
+        loop.call_at(arrival + cfg.ttft_s + to_loop, write, 0)
+        return done
 
     def _frames(self, chat: bool) -> dict:
         """Encoded chunks that never change (role, each token, finish, [DONE]), made once."""

@@ -188,7 +188,8 @@ def test_bulk_equals_per_line_when_cache_tables_prune(tmp_path, monkeypatch, wid
     assert_same(*run_both(monkeypatch, [str(tmp_path / "engine-0.log")]))
 
 
-def test_bulk_equals_per_line_with_unique_prompts(tmp_path, monkeypatch):
+@pytest.mark.parametrize("max_keys", [1000, 301, 20_000])
+def test_bulk_equals_per_line_with_unique_prompts(tmp_path, monkeypatch, max_keys):
     """Every fingerprint new (the tables fill with keys seen once and prune), as in the speed bench."""
     rng = random.Random(7)
     lines = []
@@ -198,7 +199,7 @@ def test_bulk_equals_per_line_with_unique_prompts(tmp_path, monkeypatch):
                      f'"request_id":"r{i}","finish_reason":"stop","prompt_tokens":64,"cached_tokens":0,'
                      f'"ttft_s":0.04,"prefix_fingerprint":[{fp}]}}')
     (tmp_path / "engine.log").write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(cache, "MAX_KEYS", 1000)
+    monkeypatch.setattr(cache, "MAX_KEYS", max_keys)
     assert_same(*run_both(monkeypatch, [str(tmp_path)]))
 
 

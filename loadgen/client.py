@@ -128,12 +128,15 @@ def _consume(resp, record: RequestRecord, settings: StreamSettings, scheduled_ts
     try:
         if body is not None:  # the usual case: chunked, read straight off the connection
             feed, state, read = parser.feed, parser.state, body.read
-            while not body.done:
-                data = read()
-                if data:
-                    feed(data, body.arrived - scheduled_ts, abort_after)
-                    if abort_after is not None and state.num_chunks >= abort_after:
-                        return _abort(resp, record, parser)
+            try:
+                while not body.done:
+                    data = read()
+                    if data:
+                        feed(data, body.arrived - scheduled_ts, abort_after)
+                        if abort_after is not None and state.num_chunks >= abort_after:
+                            return _abort(resp, record, parser)
+            finally:
+                body.close()
         else:  # a Content-Length or close-delimited body, or a compressed one
             for data, arrived in read1_chunks(resp, clock):
                 parser.feed(data, arrived - scheduled_ts, abort_after)

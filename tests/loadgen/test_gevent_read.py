@@ -74,3 +74,10 @@ def test_silence_is_a_read_timeout_through_the_gevent_path(mock_process):
     assert hang["error"].startswith("requests.exceptions.ConnectionError: HTTPConnectionPool(")
     assert hang["error"].endswith("Read timed out.")
     assert after["outcome"] == "ok" and after["chunks"] == 5  # a new connection for the next request
+
+
+def test_a_stream_longer_than_the_read_timeout_is_not_a_timeout(mock_process):
+    # Five gaps of 0.2 s under a 1 s read timeout: the stream outlasts the timeout, no silence does.
+    server = mock_process(ttft_s=0.2, itl_s=0.2)
+    (result,) = run_client(server.port, ["ok"], timeout_s=1.0)
+    assert result["outcome"] == "ok" and result["chunks"] == 5 and result["gevent_reads"] >= 4

@@ -4,6 +4,7 @@ findings, evidence, counts and rule state on logs where the lines that matter hi
 import gzip
 import json
 import random
+import re
 import string
 from datetime import datetime, timedelta
 
@@ -277,3 +278,17 @@ def test_access_bulk_rows_are_the_fast_paths_events(lines):
         assert (m["client"], m["time"], int(row[2]), float(row[3]), m["addr"]) == (
             row[0], row[1], f["status"], f["duration_s"], row[4])
         assert UPSTREAMINFO_BULK.pattern.count("(") - UPSTREAMINFO_BULK.pattern.count("(?") == 6
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="-+.0123456789eEnul", max_size=12))
+def test_number_patterns_match_what_optional_groups_matched(text):
+    """_NUM and _FLOAT write an optional part as (?:X|): they accept and split exactly as (?:X)? did."""
+    from triage.parsers import batch as batch_module
+    for pattern in (batch_module._NUM, batch_module._FLOAT):
+        reference = pattern.replace("|)", ")?")
+        for rx in (pattern, f"({pattern})(.*)"):
+            ref = rx.replace(pattern, reference)
+            a, b = re.fullmatch(rx, text), re.fullmatch(ref, text)
+            assert (a and a.groups()) == (b and b.groups()), (pattern, text)
+        assert [m.span() for m in re.finditer(pattern, text)] == [m.span() for m in re.finditer(reference, text)]

@@ -9,7 +9,7 @@ import string
 from datetime import datetime, timedelta
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from triage import diagnose as diagnose_module
@@ -18,7 +18,7 @@ from triage.parsers import FileParser, gateways
 from triage.parsers.batch import UPSTREAMINFO_BULK, FinishedShape, access_rows, finished_batch
 from triage.reader import BLOCK_BYTES, Notes, read_blocks
 from triage.report import render_json, render_text
-from triage.rules import cache
+from triage.rules import Facts, cache
 from triage.timeparse import parse_user_time
 
 T0 = datetime(2026, 11, 29, 19, 0, 0)
@@ -292,3 +292,40 @@ def test_number_patterns_match_what_optional_groups_matched(text):
             a, b = re.fullmatch(rx, text), re.fullmatch(ref, text)
             assert (a and a.groups()) == (b and b.groups()), (pattern, text)
         assert [m.span() for m in re.finditer(pattern, text)] == [m.span() for m in re.finditer(reference, text)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(8, 61), st.integers(1, 5), st.lists(st.integers(1, 40), min_size=1, max_size=12),
+       st.sampled_from([4, 64, 10_000]), st.randoms(use_true_random=False))
+@example(20, 1, [3] * 12, 10_000, random.Random(0))  # the first prune keeps part of the pending keys
+@example(31, 2, [2, 5, 1, 7, 3, 3, 9, 2], 10_000, random.Random(1))
+@example(40, 3, [40] * 6, 64, random.Random(2))
+def test_cache_rule_batches_equal_events_across_prunes(max_keys, width, sizes, alphabet, rng):
+    """CacheRule fed FinishedBatches (pending keys, one-step prunes) ends in the state events give it."""
+    from triage.parsers.batch import FinishedBatch
+    from triage.rules.cache import CacheRule
+    original = cache.MAX_KEYS
+    cache.MAX_KEYS = max_keys
+    try:
+        bulk, per_line = CacheRule(), CacheRule()
+        lineno = 0
+        for size in sizes:
+            lines = []
+            for _ in range(size):
+                fp = [f"{rng.randrange(alphabet):x}" for _ in range(width + 1)]
+                lines.append(json.dumps({"ts": "2026-11-29T19:00:01.000Z", "event": "request.finished",
+                                         "prompt_tokens": 64, "cached_tokens": 0, "ttft_s": 0.1,
+                                         "prefix_fingerprint": fp}, separators=(",", ":")))
+            raw = [line[line.index("[") + 1:line.index("]")] for line in lines]
+            batch = FinishedBatch("f", lineno + 1, list(range(size)), lines, ["2026-11-29T19:00:01.000Z"] * size,
+                                  [64] * size, [0] * size, [0.1] * size, raw)
+            bulk.observe_batch(batch)
+            for k in range(size):
+                per_line.observe(batch.event(k))
+            lineno += size
+        findings = render_json(bulk.findings(Facts()), "r/")  # the findings settle the pending keys
+        assert findings == render_json(per_line.findings(Facts()), "r/")
+        for key, value in vars(per_line).items():
+            assert _state(getattr(bulk, key)) == _state(value), key
+    finally:
+        cache.MAX_KEYS = original

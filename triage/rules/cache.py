@@ -40,6 +40,19 @@ def _keep_oldest_half(table: dict) -> None:
     deque(starmap(table.popitem, repeat((), len(table) - MAX_KEYS // 2)), 0)  # popitem takes the newest
 
 
+def _later_keys(columns: list[list[str]], lo: int, hi: int) -> tuple[list, list]:
+    """The later_to_prefixes keys of requests lo..hi-1 (their blocks by position: columns), in order
+    (each request's, by position), and their values: tuple(fp[:j]) for the key at position j."""
+    width = len(columns) - 2
+    cols = [col[lo:hi] for col in columns]
+    by_j = [list(zip(repeat(j), cols[j], cols[j + 1])) for j in range(1, width + 1)]
+    by_head = [list(zip(*cols[:j], strict=True)) for j in range(1, width + 1)]
+    if width == 1:
+        return by_j[0], by_head[0]
+    return (list(chain.from_iterable(zip(*by_j, strict=True))),
+            list(chain.from_iterable(zip(*by_head, strict=True))))
+
+
 def later_weight(prefixes: tuple | dict) -> int:
     """Requests counted under a later_to_prefixes key: its value is the one head seen once (a tuple) or
     {head: count} once a second request came."""
@@ -63,6 +76,16 @@ class CacheRule(Rule):
         # while one request has the key (most keys: a dict each would cost more than the rest together)
         self.later_to_prefixes: dict[tuple, tuple | dict] = {}
         self.num_shared_keys = 0  # later_to_prefixes values that are dicts
+        # Keys of requests read in bulk, new to the table and to each other, that come after the table's own
+        # (in order) but are not made yet: (fingerprint columns, first request, end). While every key is
+        # seen once, most are dropped by a prune before anything looks them up; they are made only if
+        # needed (a lookup that may hit, a prune that keeps some, the findings).
+        self.pending: list[tuple] = []
+        self.num_pending = 0
+        # position -> the blocks at that position of the table's keys (None: not built) and of pending keys:
+        # a key whose block is in neither is new (key (j, a, b): a in seen_table[j] or seen_pending[j])
+        self.seen_table: dict[int, set] | None = None
+        self.seen_pending: dict[int, set] = {}
         self.samples: dict[tuple, list[Event]] = {}
         self.prefix_keys: Counter = Counter()  # (first block, second block) -> requests
         self.stats_high: list[float] = []
@@ -142,7 +165,7 @@ class CacheRule(Rule):
             pairs = list(zip(columns[0], columns[1], strict=True))
             self._count_prefixes(pairs)
             if len(columns) > 2:
-                self._later_blocks_alike(columns, range(len(prompts)), batch, pairs)
+                self._later_blocks_alike(columns, batch)
             return
         fps = batch.fps
         multi = [k for k, fp in enumerate(fps) if len(fp) >= 2]
@@ -174,6 +197,8 @@ class CacheRule(Rule):
         # Block j shared with other requests while the blocks before it differ: something early in the
         # prompt changes per request (block hashes are per block, so a shared later block survives).
         # Keys are two consecutive blocks: one shared block can be a coincidence (a template's tail).
+        if self.num_pending:
+            self._settle_later()
         table = self.later_to_prefixes
         for j in range(1, len(fp) - 1):
             key = (j, fp[j], fp[j + 1])
@@ -183,6 +208,8 @@ class CacheRule(Rule):
                 if len(table) >= MAX_KEYS:
                     self._prune_later()
                 table[key] = head  # a new key: one prefix, nothing to sample yet
+                if self.seen_table is not None:
+                    self.seen_table.setdefault(j, set()).add(fp[j])
                 continue
             if type(prefixes) is tuple:
                 prefixes = table[key] = {prefixes: 1}
@@ -195,6 +222,7 @@ class CacheRule(Rule):
 
     def _prune_later(self) -> None:
         table = self.later_to_prefixes
+        self.seen_table = None
         if not self.num_shared_keys:  # every key seen once: all alike
             _keep_oldest_half(table)
             return
@@ -202,35 +230,85 @@ class CacheRule(Rule):
         _prune(table, weights)
         self.num_shared_keys = sum(type(v) is dict for v in table.values())
 
-    def _later_blocks_alike(self, columns: list[list[str]], multi, batch, pairs: list[tuple]) -> None:
+    def _later_blocks_alike(self, columns: list[list[str]], batch) -> None:
         """_later_blocks for requests with the same number of blocks (columns: block i of each): runs of
-        them whose keys are all new (to the table and to each other) and fit without a prune are
-        inserted at once."""
-        table = self.later_to_prefixes
+        them whose keys are all new (to the table and to each other) and fit without a prune are added
+        as pending; while every key was seen once, a prune drops the newest half in one step."""
         width = len(columns) - 2  # keys a request has
-        by_j = [list(zip(repeat(j), columns[j], columns[j + 1])) for j in range(1, width + 1)]
-        keys = list(chain.from_iterable(zip(*by_j, strict=True))) if width > 1 else by_j[0]
-        heads = None
+        num = len(columns[0])
         r = 0
-        while r < len(multi):
-            end = min(len(multi), r + (MAX_KEYS - len(table)) // width)
-            if end > r:
-                run = keys[r * width:end * width]
-                if len(set(run)) == len(run) and not any(map(table.__contains__, run)):
-                    if heads is None:  # tuple(fp[:j]) for each j: (fp[0],), the prefix pairs, ...
-                        by_head = [list(zip(columns[0])), pairs] + [
-                            list(zip(*columns[:j], strict=True)) for j in range(3, width + 1)]
-                        heads = list(chain.from_iterable(zip(*by_head[:width], strict=True))) if width > 1 \
-                            else by_head[0]
-                    table.update(zip(run, heads[r * width:end * width], strict=True))
-                    r = end
+        while r < num:
+            room = MAX_KEYS - len(self.later_to_prefixes) - self.num_pending
+            if room < width:  # the next request's keys prune the table
+                if room <= 0 and not self.num_shared_keys and self._new_blocks(columns, r, r + 1):
+                    self._drop_newest_half()  # what its first key's prune does; then it fits
                     continue
-            else:
-                end = r + 1  # the table is full: the first new key prunes it
+                self._later_blocks(batch.fps[r], None, batch, r)
+                r += 1
+                continue
+            end = min(num, r + room // width)
+            if self._new_blocks(columns, r, end):
+                self.pending.append((columns, r, end))
+                self.num_pending += (end - r) * width
+                r = end
+                continue
             fps = batch.fps
             for q in range(r, end):
-                self._later_blocks(fps[multi[q]], None, batch, multi[q])
+                self._later_blocks(fps[q], None, batch, q)
             r = end
+
+    def _new_blocks(self, columns: list[list[str]], lo: int, hi: int) -> bool:
+        """Whether requests lo..hi-1 have blocks at each key position that no key of the table (pending
+        ones too) has there and no two of them share: then each key of theirs is new. If so, their
+        blocks are noted as pending."""
+        seen = self.seen_table
+        if seen is None:
+            seen = self.seen_table = {}
+            for key in self.later_to_prefixes:
+                seen.setdefault(key[0], set()).add(key[1])
+        found = []
+        for j in range(1, len(columns) - 1):
+            blocks = set(columns[j][lo:hi])
+            if len(blocks) < hi - lo or not blocks.isdisjoint(seen.get(j, ())) or not blocks.isdisjoint(
+                    self.seen_pending.get(j, ())):
+                return False
+            found.append(blocks)
+        for j, blocks in enumerate(found, 1):
+            if j in self.seen_pending:
+                self.seen_pending[j] |= blocks
+            else:
+                self.seen_pending[j] = blocks
+        return True
+
+    def _settle_later(self, limit: int | None = None) -> None:
+        """Makes the pending keys, in order, with their values (the first limit only: the rest dropped)."""
+        table = self.later_to_prefixes
+        for columns, lo, hi in self.pending:
+            keys, heads = _later_keys(columns, lo, hi)
+            if limit is not None:
+                if limit <= 0:
+                    break
+                keys, heads = keys[:limit], heads[:limit]
+                limit -= len(keys)
+            table.update(zip(keys, heads, strict=True))
+        if self.seen_table is not None:
+            if limit is None:
+                for j, blocks in self.seen_pending.items():
+                    self.seen_table.setdefault(j, set()).update(blocks)
+            else:
+                self.seen_table = None
+        self.pending, self.num_pending, self.seen_pending = [], 0, {}
+
+    def _drop_newest_half(self) -> None:
+        """_prune_later when every key (pending ones too) was seen once: the oldest half stays."""
+        table = self.later_to_prefixes
+        if len(table) >= MAX_KEYS // 2:
+            self.pending, self.num_pending, self.seen_pending = [], 0, {}
+            if len(table) > MAX_KEYS // 2:
+                _keep_oldest_half(table)
+                self.seen_table = None
+        else:
+            self._settle_later(MAX_KEYS // 2 - len(table))
 
     def _sample(self, key: tuple, head: tuple, ev: Event | None, batch=None, k: int = 0) -> None:
         sample = self.samples.get(key)
@@ -321,6 +399,8 @@ class CacheRule(Rule):
         return None
 
     def findings(self, facts: Facts) -> list[Finding]:
+        self._settle_later()
+        self.seen_table = None
         out = []
         for cause in ("disabled", "dynamic-prefix", "eviction", "routing", "short-prompts"):
             finding = getattr(T, "finding_" + cause.replace("-", "_"))(self, self.cands[cause])

@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 STAMP := $(VENV)/.installed
+# Byte-compile the project's packages as pip does for an installed wheel: the environment may set
+# PYTHONDONTWRITEBYTECODE, and then every run of a tool would compile its modules again.
+COMPILE := $(BIN)/python -m compileall -q engine exporters loadgen triage gameday >/dev/null
 
 .PHONY: setup serve test lint system-deps loadtest gameday demo bench clean
 
@@ -14,6 +17,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	$(COMPILE)
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -44,6 +48,7 @@ demo: $(STAMP) system-deps
 	$(BIN)/python -m gameday demo
 
 bench: $(STAMP)
+	$(COMPILE)
 	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
 
 clean:

@@ -69,7 +69,7 @@ SCENARIOS: list[Scenario] = [
         phases=[LoadPhase("steady", users=6, run_time_s=45, spawn_rate=0.5,
                           extra_args=["--output-tokens", "300", "--prompt-tokens", "32"])],
         expected_alerts=[["LLMKVCacheNearlyFull"], ["LLMPreemptionsHigh"]],
-        expected_finding="kv-preemption", ci=True, probe_dashboards=True),
+        expected_finding="kv-preemption", probe_dashboards=True),
     Scenario(
         name="kv-capacity-startup", summary="max_model_len 4096 needs 32 MiB of KV cache, the budget is 16 MiB: llmserve refuses to start",
         engine_flags=["--max-model-len", "4096", "--kv-cache-memory", "16MiB"],
@@ -87,7 +87,7 @@ SCENARIOS: list[Scenario] = [
         phases=[LoadPhase("steady", users=2, run_time_s=20,
                           extra_args=["--no-stream", "--output-tokens", "192", "--prompt-tokens", "64"])],
         expected_alerts=[["LLMStreamAbortsHigh", "LLMErrorRateHigh"]],
-        expected_finding="stream-cut-gateway-timeout"),
+        expected_finding="stream-cut-gateway-timeout", ci=True),
     Scenario(
         name="client-abort", summary="clients cancel their streams after a few tokens",
         phases=[LoadPhase("abort", users=2, run_time_s=20, extra_args=["--output-tokens", "128", "--prompt-tokens", "64"])],

@@ -22,6 +22,7 @@ from loadgen.client import (
     StreamFailure,
     StreamSettings,
     TimeoutFailure,
+    _break_cycle,
     _fail,
     _http_error_text,
     _is_read_timeout,
@@ -48,6 +49,7 @@ def run_request(session, spec: RequestSpec, record: RequestRecord, settings: Str
                 resp.success()
             else:
                 resp.failure(failure)
+        _break_cycle(resp)
     except GreenletExit:
         record.outcome = Outcome.INCOMPLETE
         record.end_s = clock() - scheduled_ts

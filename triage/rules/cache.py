@@ -3,6 +3,7 @@
 import re
 from collections import Counter, deque
 from itertools import chain, repeat, starmap
+from operator import itemgetter
 
 from triage.model import Event, Finding
 from triage.parsers.batch import has_upstream
@@ -88,6 +89,12 @@ class CacheRule(Rule):
         self.seen_pending: dict[int, set] = {}
         self.samples: dict[tuple, list[Event]] = {}
         self.prefix_keys: Counter = Counter()  # (first block, second block) -> requests
+        # The same for prefix_keys: (first blocks, second blocks, first request, end) pending, new keys
+        # counted once each; the first blocks of the table's keys (None: not built) and of pending keys.
+        self.pending_prefixes: list[tuple] = []
+        self.num_pending_prefixes = 0
+        self.seen_prefix_table: set | None = None
+        self.seen_prefix_pending: set = set()
         self.stats_high: list[float] = []
         self.stats_low: list[float] = []
         self.stats_events: list[Event] = []
@@ -162,8 +169,7 @@ class CacheRule(Rule):
             if len(columns) < 2:
                 return
             self.num_multi_block += len(prompts)
-            pairs = list(zip(columns[0], columns[1], strict=True))
-            self._count_prefixes(pairs)
+            self._count_prefixes_alike(columns[0], columns[1])
             if len(columns) > 2:
                 self._later_blocks_alike(columns, batch)
             return
@@ -179,19 +185,91 @@ class CacheRule(Rule):
     def _count_prefixes(self, keys: list[tuple]) -> None:
         """Counts requests by their first two blocks, in order; runs that cannot fill the table are
         counted in C (a prune happens only when a new key finds the table full)."""
+        if self.num_pending_prefixes:
+            self._settle_prefixes()
         table = self.prefix_keys
+        seen = self.seen_prefix_table
         pos = 0
         while pos < len(keys):
             room = MAX_KEYS - len(table)
             if room > 0:
-                table.update(keys[pos:pos + room])
+                run = keys[pos:pos + room]
+                table.update(run)
+                if seen is not None:
+                    seen.update(map(itemgetter(0), run))
                 pos += room
                 continue
             key = keys[pos]
             if key not in table:
                 _prune(table)
+                seen = self.seen_prefix_table = None
             table[key] = table.get(key, 0) + 1
+            if seen is not None:
+                seen.add(key[0])
             pos += 1
+
+    def _count_prefixes_alike(self, first: list[str], second: list[str]) -> None:
+        """_count_prefixes for the keys zip(first, second): runs of keys new to the table and to each
+        other (their first blocks are) that fit are added as pending; while every key was counted once, a
+        prune drops the newest half in one step."""
+        table = self.prefix_keys
+        num = len(first)
+        r = 0
+        while r < num:
+            room = MAX_KEYS - len(table) - self.num_pending_prefixes
+            if room <= 0:  # the next key prunes the table if it is new
+                if self._new_prefixes(first, r, r + 1) and (not table or max(table.values()) == 1):
+                    self._drop_newest_prefixes()
+                    continue
+                self._count_prefixes(list(zip(first[r:], second[r:], strict=True)))
+                return
+            end = min(num, r + room)
+            if self._new_prefixes(first, r, end):
+                self.pending_prefixes.append((first, second, r, end))
+                self.num_pending_prefixes += end - r
+            else:
+                self._count_prefixes(list(zip(first[r:end], second[r:end], strict=True)))
+            r = end
+
+    def _new_prefixes(self, first: list[str], lo: int, hi: int) -> bool:
+        """Whether first[lo:hi] are first blocks of no key (pending ones too) and of no two of them: then
+        their keys are new. If so, they are noted as pending."""
+        seen = self.seen_prefix_table
+        if seen is None:
+            seen = self.seen_prefix_table = set(map(itemgetter(0), self.prefix_keys))
+        blocks = set(first[lo:hi])
+        if len(blocks) < hi - lo or not blocks.isdisjoint(seen) or not blocks.isdisjoint(self.seen_prefix_pending):
+            return False
+        self.seen_prefix_pending |= blocks
+        return True
+
+    def _settle_prefixes(self, limit: int | None = None) -> None:
+        """Counts the pending keys, in order (the first limit only: the rest dropped)."""
+        table = self.prefix_keys
+        for first, second, lo, hi in self.pending_prefixes:
+            if limit is not None:
+                if limit <= 0:
+                    break
+                hi = min(hi, lo + limit)
+                limit -= hi - lo
+            table.update(zip(first[lo:hi], second[lo:hi], strict=True))
+        if self.seen_prefix_table is not None:
+            if limit is None:
+                self.seen_prefix_table |= self.seen_prefix_pending
+            else:
+                self.seen_prefix_table = None
+        self.pending_prefixes, self.num_pending_prefixes, self.seen_prefix_pending = [], 0, set()
+
+    def _drop_newest_prefixes(self) -> None:
+        """_prune of prefix_keys when every key (pending ones too) was counted once: the oldest half stays."""
+        table = self.prefix_keys
+        if len(table) >= MAX_KEYS // 2:
+            self.pending_prefixes, self.num_pending_prefixes, self.seen_prefix_pending = [], 0, set()
+            if len(table) > MAX_KEYS // 2:
+                _keep_oldest_half(table)
+                self.seen_prefix_table = None
+        else:
+            self._settle_prefixes(MAX_KEYS // 2 - len(table))
 
     def _later_blocks(self, fp: list, ev: Event | None, batch=None, k: int = 0) -> None:
         # Block j shared with other requests while the blocks before it differ: something early in the
@@ -400,7 +478,8 @@ class CacheRule(Rule):
 
     def findings(self, facts: Facts) -> list[Finding]:
         self._settle_later()
-        self.seen_table = None
+        self._settle_prefixes()
+        self.seen_table = self.seen_prefix_table = None
         out = []
         for cause in ("disabled", "dynamic-prefix", "eviction", "routing", "short-prompts"):
             finding = getattr(T, "finding_" + cause.replace("-", "_"))(self, self.cands[cause])

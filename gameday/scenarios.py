@@ -66,7 +66,7 @@ SCENARIOS: list[Scenario] = [
         # preempted streams, which already had their first token: new requests need 3 blocks and get them
         # whenever a long stream ends, so the TTFT SLO holds and only the KV alerts fire (check c).
         engine_flags=["--num-kv-blocks", "64", "--block-size", "16", "--max-model-len", "1024"],
-        phases=[LoadPhase("steady", users=6, run_time_s=45, spawn_rate=0.5,
+        phases=[LoadPhase("steady", users=6, run_time_s=60, spawn_rate=0.5,
                           extra_args=["--output-tokens", "300", "--prompt-tokens", "32"])],
         expected_alerts=[["LLMKVCacheNearlyFull"], ["LLMPreemptionsHigh"]],
         expected_finding="kv-preemption", probe_dashboards=True),

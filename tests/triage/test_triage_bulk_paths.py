@@ -329,3 +329,13 @@ def test_cache_rule_batches_equal_events_across_prunes(max_keys, width, sizes, a
             assert _state(getattr(bulk, key)) == _state(value), key
     finally:
         cache.MAX_KEYS = original
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["0", "64", "1024", "-3", "0.5", "1e3", "2.50"]), max_size=40))
+def test_converted_is_map(texts):
+    from triage.parsers.batch import converted
+    assert converted(float, texts) == list(map(float, texts))
+    ints = [t for t in texts if t.lstrip("-").isdigit()]
+    assert converted(int, ints) == list(map(int, ints))
+    assert [type(v) for v in converted(int, ints)] == [int] * len(ints)

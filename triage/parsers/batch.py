@@ -248,6 +248,15 @@ UPSTREAMINFO_BULK = re.compile(
     r'(\d+\.?\d*|\.\d+) \[[^\]]*\] \[[^\]]*\] (\S+) \S+ (?:\d+\.?\d*|\.\d+|-) \S+(?: \S+|)|(.*))$')
 
 
+def converted(convert, texts: list[str]) -> list:
+    """list(map(convert, texts)), each distinct text converted once when texts repeat (token counts,
+    statuses and request times do: a conversion costs several dict lookups)."""
+    distinct = set(texts)
+    if 2 * len(distinct) > len(texts):
+        return list(map(convert, texts))
+    return list(map({text: convert(text) for text in distinct}.__getitem__, texts))
+
+
 def finished_batch(file: str, base: int, idx: list[int], lines: list[str], shape: FinishedShape,
                    ) -> tuple[FinishedBatch | None, list[int]]:
     """The lines shape matches as one batch, and the positions (in idx) of those it does not."""
@@ -262,8 +271,8 @@ def finished_batch(file: str, base: int, idx: list[int], lines: list[str], shape
         idx, lines = [idx[k] for k in keep], [lines[k] for k in keep]
         cols = [[col[k] for k in keep] for col in cols]
     ts, prompt, cached, ttft, raw_fps = (cols[c] for c in shape.columns)
-    batch = FinishedBatch(file, base, idx, lines, ts, list(map(int, prompt)), list(map(int, cached)),
-                          list(map(float, ttft)), raw_fps)
+    batch = FinishedBatch(file, base, idx, lines, ts, converted(int, prompt), converted(int, cached),
+                          converted(float, ttft), raw_fps)
     return batch, misses
 
 
@@ -279,8 +288,8 @@ def access_rows(text: str) -> list[tuple]:
 def access_batch(file: str, base: int, idx: list[int], lines: list[str], cols: list) -> AccessBatch:
     """A batch of lines whose rows matched, from the rows' columns."""
     client, time, status, duration, addr = cols[:5]
-    return AccessBatch(file, base, idx, lines, client, time, list(map(int, status)),
-                       list(map(float, duration)), addr)
+    return AccessBatch(file, base, idx, lines, client, time, converted(int, status), converted(float, duration),
+                       addr)
 
 
 def has_upstream(addrs: list[str]) -> list[int]:

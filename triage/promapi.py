@@ -76,8 +76,11 @@ def _series_event(base: str, metric: str, promql: str, series: dict) -> Event | 
     label_text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     ev = metric_event(metric, labels, values, f"{base.rstrip('/')}/api/v1/query_range", None, "", ts)
     f = ev.fields
-    ev.text = (f"{promql.split('{')[0]}{{{label_text}}} over the window: first {f['first']:g}, last {f['last']:g}, "
-               f"min {f['min']:g}, max {f['max']:g}, increase {f['increase']:g}")
+    name = promql.split("{")[0]
+    ev.text = (f"{name}{{{label_text}}} over the window: first {f['first']:g}, last {f['last']:g}, "
+               f"min {f['min']:g}, max {f['max']:g}")
+    if name.endswith("_total"):  # an increase means something for a counter only, not for a gauge
+        ev.text += f", increase {f['increase']:g}"
     f.pop("values", None)  # keep memory flat: the summary is what rules use
     return ev
 

@@ -99,3 +99,7 @@ def test_metrics_become_evidence(prometheus, run_cli):
     assert metric["text"].startswith('llm_preemptions_total{instance="127.0.0.1:')
     increase = float(re.search(r"increase ([\d.]+)", metric["text"]).group(1))
     assert increase >= 7 and increase % 7 == 0  # the counter climbs by 7 per scrape
+    # A gauge's evidence gives its range, never an "increase", which only means something for a counter.
+    gauges = [e["text"] for f in doc["findings"] for e in f["evidence"]
+              if e["file"] == f"{prometheus}/api/v1/query_range" and not e["text"].split("{")[0].endswith("_total")]
+    assert gauges and all("increase" not in text and " max " in text for text in gauges), gauges

@@ -83,13 +83,22 @@ def run_request(session, spec: RequestSpec, record: RequestRecord, settings: Str
     """Send `spec`, stream it to the end, fill `record` (durations from `scheduled_ts`) and return the
     answer's text; never raises except GreenletExit (test stopped), after which the record reads
     `incomplete`."""
+    return exchange(session, spec, record, settings, scheduled_ts, clock, log, stream=True,
+                    consume=lambda resp: _consume(resp, record, settings, scheduled_ts, clock))
+
+
+def exchange(session, spec: RequestSpec, record: RequestRecord, settings: StreamSettings, scheduled_ts: float,
+             clock: Callable[[], float], log: ClientLog | None, stream: bool,
+             consume: Callable[[object], tuple[StreamFailure | None, str]]) -> str:
+    """The request around `consume` (which reads the answer into `record`): headers, timeouts, Locust's
+    success or failure, the end time and the client log; streamed or not."""
     record.max_tokens = spec.max_tokens
     headers = {"x-request-id": record.request_id, **(settings.headers or {})}
     record.client_queue_s = max(0.0, clock() - scheduled_ts)
     try:
-        with session.post(spec.path, json=spec.body, stream=True, catch_response=True, name=spec.name,
+        with session.post(spec.path, json=spec.body, stream=stream, catch_response=True, name=spec.name,
                           headers=headers, timeout=(settings.connect_timeout_s, settings.timeout_s)) as resp:
-            failure, text = _consume(resp, record, settings, scheduled_ts, clock)
+            failure, text = consume(resp)
             if failure is None:
                 resp.success()
             else:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 
 import requests
-from gevent import GreenletExit
 
 from loadgen.client import (
     ConnectFailure,
@@ -22,14 +21,14 @@ from loadgen.client import (
     StreamFailure,
     StreamSettings,
     TimeoutFailure,
-    _break_cycle,
     _fail,
     _http_error_text,
     _is_read_timeout,
     describe_exception,
+    exchange,
 )
 from loadgen.clientlog import ClientLog
-from loadgen.records import Outcome, RequestRecord, TokenSource
+from loadgen.records import RequestRecord, TokenSource
 
 
 def run_request(session, spec: RequestSpec, record: RequestRecord, settings: StreamSettings,
@@ -37,27 +36,8 @@ def run_request(session, spec: RequestSpec, record: RequestRecord, settings: Str
                 log: ClientLog | None = None) -> str:
     """Send `spec` (stream false), wait for the body, fill `record` and return the answer's text;
     never raises except GreenletExit (test stopped), after which the record reads `incomplete`."""
-    record.max_tokens = spec.max_tokens
-    headers = {"x-request-id": record.request_id, **(settings.headers or {})}
-    record.client_queue_s = max(0.0, clock() - scheduled_ts)
-    try:
-        with session.post(spec.path, json=spec.body, catch_response=True, name=spec.name, headers=headers,
-                          timeout=(settings.connect_timeout_s, settings.timeout_s)) as resp:
-            now = clock() - scheduled_ts
-            failure, text = _consume(resp, record, now)
-            if failure is None:
-                resp.success()
-            else:
-                resp.failure(failure)
-        _break_cycle(resp)
-    except GreenletExit:
-        record.outcome = Outcome.INCOMPLETE
-        record.end_s = clock() - scheduled_ts
-        raise
-    record.end_s = clock() - scheduled_ts
-    if log is not None and record.outcome is Outcome.FAILED:
-        log.write(record)
-    return text
+    return exchange(session, spec, record, settings, scheduled_ts, clock, log, stream=False,
+                    consume=lambda resp: _consume(resp, record, clock() - scheduled_ts))
 
 
 def _consume(resp, record: RequestRecord, elapsed_s: float) -> tuple[StreamFailure | None, str]:

@@ -1,6 +1,7 @@
 """Timestamps of every log family, parsed by slicing (fast) into naive UTC datetimes."""
 
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
 _MONTHS = {m: i + 1 for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"))}
@@ -21,20 +22,6 @@ def _frac(s: str) -> int:
             break
         digits += ch
     return int((digits + "000000")[:6]) if digits else 0
-
-
-_ISO_CACHE: dict[str, datetime | None] = {}
-
-
-def parse_iso(s: str) -> datetime | None:
-    """Cached: neighbouring log lines usually share their timestamp string."""
-    ts = _ISO_CACHE.get(s, _ISO_CACHE)
-    if ts is not _ISO_CACHE:
-        return ts  # type: ignore[return-value]
-    if len(_ISO_CACHE) > 4096:
-        _ISO_CACHE.clear()
-    ts = _ISO_CACHE[s] = _from_iso_c(s)
-    return ts
 
 
 def _from_iso_c(s: str) -> datetime | None:
@@ -85,20 +72,6 @@ def parse_slash(s: str) -> datetime | None:
         return _mk(int(s[0:4]), int(s[5:7]), int(s[8:10]), int(s[11:13]), int(s[14:16]), int(s[17:19]))
     except ValueError:
         return None
-
-
-_CLF_CACHE: dict[str, datetime | None] = {}
-
-
-def parse_clf(s: str) -> datetime | None:
-    """Cached like parse_iso: access-log lines of one second share the string."""
-    ts = _CLF_CACHE.get(s, _CLF_CACHE)
-    if ts is not _CLF_CACHE:
-        return ts  # type: ignore[return-value]
-    if len(_CLF_CACHE) > 4096:
-        _CLF_CACHE.clear()
-    ts = _CLF_CACHE[s] = _parse_clf(s)
-    return ts
 
 
 def _parse_clf(s: str) -> datetime | None:
@@ -156,3 +129,8 @@ def parse_user_time(s: str) -> datetime:
     if ts is None:
         raise ValueError(f"not a time: {s!r} (use ISO-8601 like 2026-11-29T19:40:00Z or epoch seconds)")
     return ts
+
+
+# Cached: neighbouring log lines usually share their timestamp string (access-log lines of one second do).
+parse_iso = lru_cache(maxsize=4096)(_from_iso_c)
+parse_clf = lru_cache(maxsize=4096)(_parse_clf)

@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.triage.conftest import CORPUS
+from triage.promapi import _series_event
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="Debian prometheus not installed (make system-deps)")
@@ -99,7 +100,13 @@ def test_metrics_become_evidence(prometheus, run_cli):
     assert metric["text"].startswith('llm_preemptions_total{instance="127.0.0.1:')
     increase = float(re.search(r"increase ([\d.]+)", metric["text"]).group(1))
     assert increase >= 7 and increase % 7 == 0  # the counter climbs by 7 per scrape
-    # A gauge's evidence gives its range, never an "increase", which only means something for a counter.
-    gauges = [e["text"] for f in doc["findings"] for e in f["evidence"]
-              if e["file"] == f"{prometheus}/api/v1/query_range" and not e["text"].split("{")[0].endswith("_total")]
-    assert gauges and all("increase" not in text and " max " in text for text in gauges), gauges
+
+
+def test_gauge_evidence_has_no_increase():
+    """A gauge's evidence gives its range; an "increase" only means something for a counter."""
+    series = {"metric": {"__name__": "x", "instance": "a:1"}, "values": [[0, "0.5"], [1, "1"], [2, "0.25"]]}
+    gauge = _series_event("http://p", "kv_usage", 'llm_kv_cache_usage_ratio{job="llm-engine"}', series)
+    assert gauge.text == ('llm_kv_cache_usage_ratio{instance="a:1"} over the window: first 0.5, last 0.25, '
+                          "min 0.25, max 1")
+    counter = _series_event("http://p", "preemptions_total", 'llm_preemptions_total{job="llm-engine"}', series)
+    assert counter.text.endswith("min 0.25, max 1, increase " + f"{counter.fields['increase']:g}")

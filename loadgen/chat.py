@@ -19,7 +19,7 @@ from gevent import GreenletExit
 from locust import HttpUser, LoadTestShape, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadgen import client, nonstream, profiles, runtime
+from loadgen import client, nonstream, profiles, runtime, session
 from loadgen.options import add_arguments
 from loadgen.prompts import Prompt, PromptFactory, messages_to_prompt
 from loadgen.records import FailureKind, Outcome, RequestRecord
@@ -132,8 +132,10 @@ class ChatUser(HttpUser):
     def on_start(self):
         self.factory: PromptFactory | None = None
         self.state = STATE
-        # No proxy or netrc lookups per request: they cost CPU inside the timed window.
-        self.client.trust_env = False
+        # Proxy, netrc and CA-bundle lookups once, not per request inside the timed window.
+        session.settle_environment(self.client, self.client.base_url)
+        if self.state is not None and self.state.config.spawn_jitter and self.state.config.profile != "poisson":
+            gevent.sleep(self.state.rng.uniform(0, runtime.spawn_interval(self.environment)))
 
     def _factory(self) -> PromptFactory:
         if self.factory is None:

@@ -1,4 +1,4 @@
-"""One streamed request through Locust's HttpSession: timing, failure kind, intentional abort, client log."""
+"""One streamed request through Locust's HttpSession: timing, failure kind, intentional abort, client log.
 
 import json
 import time
@@ -13,6 +13,7 @@ from urllib3.exceptions import ReadTimeoutError
 from loadgen.chunked import ChunkedBody, read1_chunks
 from loadgen.clientlog import ClientLog
 from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
+from loadgen.session import post
 from loadgen.sse import SSEParser
 
 
@@ -96,8 +97,8 @@ def exchange(session, spec: RequestSpec, record: RequestRecord, settings: Stream
     headers = {"x-request-id": record.request_id, **(settings.headers or {})}
     record.client_queue_s = max(0.0, clock() - scheduled_ts)
     try:
-        with session.post(spec.path, json=spec.body, stream=stream, catch_response=True, name=spec.name,
-                          headers=headers, timeout=(settings.connect_timeout_s, settings.timeout_s)) as resp:
+        with post(session, spec.path, spec.body, headers, spec.name, stream,
+                  (settings.connect_timeout_s, settings.timeout_s)) as resp:
             failure, text = consume(resp)
             if failure is None:
                 resp.success()

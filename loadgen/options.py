@@ -48,6 +48,7 @@ class LoadgenConfig:
     seed: int | None
     num_users: int
     stream: bool = True  # --no-stream: stream false, E2E only
+    spawn_jitter: bool = True  # --no-spawn-jitter: a spawned batch's users start at the same instant
 
     @property
     def path(self) -> str:
@@ -90,6 +91,8 @@ def add_arguments(parser) -> None:
     add("--timeout-s", type=float, default=300.0, help="Read timeout: longest silence inside a stream")
     add("--no-stream", action="store_true", default=False,
         help="Send stream: false and wait for the whole answer (E2E only: no TTFT, ITL or TPOT)")
+    add("--no-spawn-jitter", action="store_true", default=False,
+        help="Start each batch Locust spawns at the same instant (default: spread over the batch's interval)")
     add("--seed", type=int, default=0, help="Prompt generator seed (0: random)")
     add("--loadgen-profile", default="", include_in_web_ui=False,
         help="(internal) the master's profile, forwarded to workers")
@@ -135,4 +138,5 @@ def config_from_options(opts) -> LoadgenConfig:
         report_dir=Path(opts.report_dir or "."), client_log=opts.client_log or None,
         client_log_format=opts.client_log_format, timeout_s=opts.timeout_s, seed=opts.seed or None,
         num_users=num_users, stream=not getattr(opts, "no_stream", False),
+        spawn_jitter=not getattr(opts, "no_spawn_jitter", False),
     )

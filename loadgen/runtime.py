@@ -5,6 +5,7 @@ more on stop (a `loadgen_records` message), so the master writes one report over
 """
 
 import logging
+import math
 import random
 import sys
 import time
@@ -213,6 +214,20 @@ def collect_final_records(state: LoadgenState, runner: MasterRunner) -> None:
                        len(missing))
 
 
+def spawn_interval(environment) -> float:
+    """Seconds over which to spread the start of one batch of spawned users (0: batches of one).
+
+    At spawn rate r Locust starts floor(r) users at the same instant every floor(r)/r seconds. Users
+    that start together stay in step, request after request: a herd whose bursts make every stream in
+    it wait for the client's CPU and the server's queue at once, which r users per second does not mean."""
+    dispatcher = getattr(environment.runner, "_users_dispatcher", None)
+    rate = getattr(dispatcher, "_spawn_rate", None) or getattr(environment.parsed_options, "spawn_rate", None)
+    if not rate or rate <= 0:
+        return 0.0
+    batch = math.floor(rate)
+    return batch / rate if batch > 1 else 0.0
+
+
 def sleep_until(ts: float) -> None:
     delay = ts - time.perf_counter()
     if delay > 0:
@@ -220,4 +235,4 @@ def sleep_until(ts: float) -> None:
 
 
 __all__ = ["LoadgenState", "SetupError", "ServerInfoError", "build_state", "collect_final_records", "exit_with",
-           "install_distributed", "sleep_until"]
+           "install_distributed", "sleep_until", "spawn_interval"]

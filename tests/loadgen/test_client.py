@@ -8,6 +8,7 @@ from locust.event import EventHook
 from loadgen.client import RequestSpec, StreamSettings, run_request
 from loadgen.clientlog import ClientLog
 from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
+from loadgen.session import settle_environment
 
 
 def spec(num_tokens: int = 6) -> RequestSpec:
@@ -21,6 +22,7 @@ def send(port: int, settings: StreamSettings | None = None, log: ClientLog | Non
     hook = EventHook()
     hook.add_listener(lambda **kw: events.append(kw))
     session = HttpSession(f"http://127.0.0.1:{port}", request_event=hook, user=None)
+    settle_environment(session, session.base_url)  # as ChatUser does: loadgen.session's fast path
     record = RequestRecord(request_id="req-1", worker="local", profile="steady", scheduled_unix=0.0)
     import time
 

@@ -17,6 +17,7 @@ from locust.event import EventHook
 from loadgen import chunked
 from loadgen.client import RequestSpec, StreamSettings, run_request
 from loadgen.records import RequestRecord
+from loadgen.session import settle_environment
 
 gevent_reads = [0]
 plain = chunked.ChunkedBody._gevent_read
@@ -27,6 +28,7 @@ chunked.ChunkedBody._gevent_read = counted
 
 port, modes, timeout_s = int(sys.argv[1]), sys.argv[2].split(","), float(sys.argv[3])
 session = HttpSession(f"http://127.0.0.1:{port}", request_event=EventHook(), user=None)
+settle_environment(session, session.base_url)  # as ChatUser does: loadgen.session's fast path
 body = {"model": "mock-model", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 5,
         "stream": True, "stream_options": {"include_usage": True}}
 out = []

@@ -1,4 +1,4 @@
-"""One streamed request through Locust's HttpSession: timing, failure kind, intentional abort, client log.
+"""One streamed request through Locust's HttpSession: timing, failure kind, intentional abort, client log."""
 
 import json
 import time

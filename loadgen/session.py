@@ -22,7 +22,6 @@ import time
 import requests
 import urllib3.connection
 from gevent import monkey
-from locust.clients import ResponseContextManager
 from requests.auth import HTTPBasicAuth
 from requests.compat import json as complexjson
 from requests.utils import get_environ_proxies, get_netrc_auth
@@ -103,9 +102,12 @@ def _prepared(session, url: str, body: dict, headers: dict) -> requests.Prepared
 
 
 def post(session, path: str, body: dict, headers: dict, name: str, stream: bool,
-         timeout: tuple[float, float]) -> ResponseContextManager:
+         timeout: tuple[float, float]):
     """`session.post(path, json=body, headers=headers, name=name, stream=stream, timeout=timeout,
-    catch_response=True)`, for Locust's HttpSession: the same request, response and Locust event."""
+    catch_response=True)`, for Locust's HttpSession: the same request, response (a ResponseContextManager)
+    and Locust event."""
+    from locust.clients import ResponseContextManager  # (locust imported first monkey-patches; here it is)
+
     url = session._build_url(path)
     prepared = _prepared(session, url, body, headers)
     if prepared is None:

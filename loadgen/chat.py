@@ -9,6 +9,7 @@ single process) writes loadgen_summary.json/.md, loadgen_requests.csv and PNG pl
 --report-dir. See docs/loadgen.md for every option and profile.
 """
 
+import gc
 import logging
 import random
 import time
@@ -75,6 +76,11 @@ def _on_test_start(environment, **kwargs):
         environment.parsed_options.loadgen_profile = STATE.config.profile
     if not isinstance(environment.runner, MasterRunner):
         _resolve_early(environment)
+    # Everything made so far (modules, Locust, the state) lives as long as the process. Left in the
+    # collected generations, each full collection walks it, about 58k objects; with 200 streams running a full collection took 89 ms of CPU on the
+    # development VM, no stream read meanwhile; frozen: 30 to 48 ms (only what the run made, 35k objects).
+    gc.collect()
+    gc.freeze()
 
 
 def _resolve_early(environment) -> None:

@@ -2,10 +2,10 @@
 
 import string
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from triage.parsers import FileParser, _uninteresting, wanted_lines
+from triage.parsers import _SCHEDULED, FileParser, _all_short_queues, _uninteresting, wanted_lines
 from triage.reader import BLOCK_BYTES, Notes, read_lines
 
 HEAD = '{"ts":"2026-11-29T19:00:00.000Z","level":"info","logger":"llmserve","request_id":"chatcmpl-1",'
@@ -20,7 +20,8 @@ ENGINE_SEEDS = [
     '0.912 [llm-engine] [] 127.0.0.1:8000 2048 0.911 200 0123abcd',
 ]
 PIECES = ['"queue_s":1.5', '"queue_s":0.5e3', '"queue_s":-0.2', '"queue_s":0', '"queue_s":00.1', '"prompt":"a"',
-          '"event":"request.finished"', '"event":"http.access"', '"event":"request.scheduled"', " ", "x", "{"]
+          '"event":"request.finished"', '"event":"http.access"', '"event":"request.scheduled"', " ", "x", "{",
+          '"event":"request.scheduled","queue_s":0.1', ',"queue_s":0.\u0663', '"queue_s":0\u0663', "\r", "\\"]
 
 
 @st.composite
@@ -69,3 +70,53 @@ def test_line_endings_and_block_edges(tmp_path):
     path.write_bytes(("é" * BLOCK_BYTES + "\n").encode())  # a two-byte character split by a block edge
     notes = Notes()
     assert list(read_lines(path, notes)) == [(1, "é" * BLOCK_BYTES)] and notes.lines == []
+
+
+def _events(items: list, parser: FileParser) -> list[tuple]:
+    """split_block's runs as the events they stand for: a batch line by line, the others parsed."""
+    out = []
+    for item in items:
+        if type(item) is tuple:
+            out += [(e.line, e.kind, e.ts, e.fields, e.text) for e in parser.parse(*item)]
+        else:
+            out += [(e.line, e.kind, e.ts, e.fields, e.text) for e in map(item.event, range(len(item)))]
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(engine_line(), min_size=1, max_size=12), st.integers(0, 5))
+def test_split_block_gives_the_per_line_events(lines, first):
+    """Bulk and per-line split of one block (engine lines among odd ones) make the same events in order."""
+    block = "\n".join(lines) + "\n"
+    lines = block.split("\n")[:-1]  # a "\r" junk piece stays inside its line, as the reader leaves none
+    bulk, per_line = FileParser("x.log"), FileParser("x.log", batches=False)
+    assert _events(bulk.split_block(first, block, lines), bulk) == _events(
+        per_line.split_block(first, block, lines), per_line)
+
+
+SCHEDULED = HEAD + '"event":"request.scheduled","queue_s":0.002,"cached_tokens":0}'
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(engine_line(), min_size=1, max_size=8))
+@example([SCHEDULED, SCHEDULED.replace('"cached', '"queue_s":1.5,"cached')])
+@example([SCHEDULED.replace("0}", '0,"event":"request.scheduled","queue_s":0.1}'), SCHEDULED.replace(
+    ',"queue_s":0.002', "")])
+def test_short_queue_counts_take_only_lines_the_parser_drops(lines):
+    """_all_short_queues gets lines that start with "{" and whose first event key is request.scheduled;
+    when it says yes, the per-line path drops every one (two keys in one line and none in another must
+    not cancel out)."""
+    lines = [line.replace("\r", "") for line in lines]
+    lines = [line for line in lines if line[:1] == "{" and line.startswith(_SCHEDULED, line.find('"event":"'))]
+    if lines and _all_short_queues(lines):
+        for line in lines:
+            assert _uninteresting(line), line
+            assert FileParser("x.log").parse(9, line) == []
+
+
+def test_short_queue_counts_on_the_engine_layout():
+    assert _all_short_queues([SCHEDULED] * 3)
+    assert not _all_short_queues([SCHEDULED, SCHEDULED.replace("0.002", "2.5")])
+    assert not _all_short_queues([SCHEDULED.replace("{", '{"queue_s":3,')])  # an earlier queue_s is the one read
+    assert not _all_short_queues([SCHEDULED.replace('"cached_tokens":0', '"event":"request.scheduled","queue_s":0'),
+                                  SCHEDULED.replace('"queue_s":0.002,', "")])

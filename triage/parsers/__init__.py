@@ -5,7 +5,7 @@ import re
 from bisect import bisect_left
 from collections.abc import Iterable
 from itertools import compress, repeat
-from operator import add, and_, not_
+from operator import add, and_, getitem, not_
 
 from triage.model import Event
 from triage.parsers import client, engine_json, gateways, metrics_text, text_logs
@@ -251,6 +251,7 @@ _AT_19 = {"n": _FINISHED, "h": _SCHEDULED, "r": _SKIP_EVENTS[0], "s": _SKIP_EVEN
 assert all(key[19] == code for code, key in _AT_19.items())
 _IS_FINISHED = bytes(int(c == ord("n")) for c in range(256))
 _IS_SCHEDULED = bytes(int(c == ord("h")) for c in range(256))
+_SCHEDULED_SHORT = re.compile(re.escape(_SCHEDULED) + "," + _SHORT_QUEUE.pattern)
 
 
 def _engine_split(block: str, lines: list[str]) -> tuple[list[int], list[int]]:
@@ -267,17 +268,28 @@ def _engine_split(block: str, lines: list[str]) -> tuple[list[int], list[int]]:
         known_idx = list(compress(range(n), known))
         known_lines = list(map(lines.__getitem__, known_idx))
         known_at = list(map(at.__getitem__, known_idx))
-    codes = "".join(map(str.__getitem__, known_lines, map(add, known_at, repeat(19)))).encode()
+    codes = "".join(map(getitem, known_lines, map(add, known_at, repeat(19)))).encode()
     fin_idx = list(compress(known_idx, codes.translate(_IS_FINISHED)))
     if len(known_idx) == n and '"prompt":' not in block and min(lines, default="{") >= "{" and max(
             lines, default="{") < "|":  # every line starts with "{": every other known line is dropped...
-        sched = list(compress(known_idx, codes.translate(_IS_SCHEDULED)))
-        sched_lines = list(map(lines.__getitem__, sched))
-        short = list(map(_SHORT_QUEUE.match, sched_lines, map(str.find, sched_lines, repeat('"queue_s":'))))
-        if None not in short:  # ...and so is every request.scheduled line here
+        sched = list(compress(lines, codes.translate(_IS_SCHEDULED)))
+        if _all_short_queues(sched) or None not in map(  # ...and so is every request.scheduled line here
+                _SHORT_QUEUE.match, sched, map(str.find, sched, repeat('"queue_s":'))):
             return fin_idx, []
     fin_set = set(fin_idx)
     return fin_idx, [i for i, _ in wanted_lines(block) if i not in fin_set]
+
+
+def _all_short_queues(lines: list[str]) -> bool:
+    """Whether every line, each with the request.scheduled key as its first event key, has as its first
+    "queue_s" one right after that key and a number _quick_number reads as < 1. Counted over the lines
+    joined, not line by line: each holds the key, so a count of them all equal to the number of lines
+    means each holds it once; then each findall match (it starts with the key) is in a line of its own,
+    and a count of "queue_s" equal to the number of lines means the one in the match is the only one."""
+    num = len(lines)
+    text = "\n".join(lines)  # neither pattern can match across a line end
+    return (text.count(_SCHEDULED) == num and text.count('"queue_s":') == num
+            and len(_SCHEDULED_SHORT.findall(text)) == num)
 
 
 def _in_order(batches: list[Batch], slow: list[int], lines: list[str], first: int) -> list:

@@ -243,9 +243,12 @@ class AccessBatch(Batch):
 # NGINX_UPSTREAMINFO's lines where upstreaminfo_access cannot fail (every number reads), for lines whose
 # first character is a digit or "[" (FileParser.parse's fast path); the groups are what rules aggregate.
 # The fields are space-separated tokens, so a line both match is split into the same groups by both.
+# Digits are ASCII ([0-9], where NGINX_UPSTREAMINFO's \d takes any Unicode digit): a narrower match that
+# sre runs several times faster; a line with another digit stays with the per-line path.
 UPSTREAMINFO_BULK = re.compile(
-    r'(?m)^(?:(?=[\d\[])(\S+) \S+ \S+ \[([^\]]+)\] "[^"]*" (\d{3}) (?:\d{1,18}|-)(?: "[^"]*" "[^"]*"|) \d+ '
-    r'(\d+\.?\d*|\.\d+) \[[^\]]*\] \[[^\]]*\] (\S+) \S+ (?:\d+\.?\d*|\.\d+|-) \S+(?: \S+|)|(.*))$')
+    r'(?m)^(?:(?=[0-9\[])(\S+) \S+ \S+ \[([^\]]+)\] "[^"]*" ([0-9]{3}) (?:[0-9]{1,18}|-)(?: "[^"]*" "[^"]*"|) '
+    r'[0-9]+ ([0-9]+\.?[0-9]*|\.[0-9]+) \[[^\]]*\] \[[^\]]*\] (\S+) \S+ (?:[0-9]+\.?[0-9]*|\.[0-9]+|-) '
+    r'\S+(?: \S+|)|(.*))$')
 
 
 def converted(convert, texts: list[str]) -> list:

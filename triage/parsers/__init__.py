@@ -272,24 +272,21 @@ def _engine_split(block: str, lines: list[str]) -> tuple[list[int], list[int]]:
     fin_idx = list(compress(known_idx, codes.translate(_IS_FINISHED)))
     if len(known_idx) == n and '"prompt":' not in block and min(lines, default="{") >= "{" and max(
             lines, default="{") < "|":  # every line starts with "{": every other known line is dropped...
-        sched = list(compress(lines, codes.translate(_IS_SCHEDULED)))
-        if _all_short_queues(sched) or None not in map(  # ...and so is every request.scheduled line here
+        is_sched = codes.translate(_IS_SCHEDULED)
+        sched = list(compress(lines, is_sched))
+        if _all_short_queues(sched, compress(at, is_sched)) or None not in map(
                 _SHORT_QUEUE.match, sched, map(str.find, sched, repeat('"queue_s":'))):
-            return fin_idx, []
+            return fin_idx, []  # ...and so is every request.scheduled line here
     fin_set = set(fin_idx)
     return fin_idx, [i for i, _ in wanted_lines(block) if i not in fin_set]
 
 
-def _all_short_queues(lines: list[str]) -> bool:
-    """Whether every line, each with the request.scheduled key as its first event key, has as its first
-    "queue_s" one right after that key and a number _quick_number reads as < 1. Counted over the lines
-    joined, not line by line: each holds the key, so a count of them all equal to the number of lines
-    means each holds it once; then each findall match (it starts with the key) is in a line of its own,
-    and a count of "queue_s" equal to the number of lines means the one in the match is the only one."""
-    num = len(lines)
-    text = "\n".join(lines)  # neither pattern can match across a line end
-    return (text.count(_SCHEDULED) == num and text.count('"queue_s":') == num
-            and len(_SCHEDULED_SHORT.findall(text)) == num)
+def _all_short_queues(lines: list[str], at: Iterable[int]) -> bool:
+    """Whether every line, each with the request.scheduled key at at (its first event key), has as its
+    first "queue_s" one right after that key and a number _quick_number reads as < 1: one there in each
+    line and as many in all the lines as there are lines means it is each line's only one."""
+    return "\n".join(lines).count('"queue_s":') == len(lines) and None not in map(
+        _SCHEDULED_SHORT.match, lines, at)
 
 
 def _in_order(batches: list[Batch], slow: list[int], lines: list[str], first: int) -> list:

@@ -2,10 +2,11 @@
 
 import string
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from triage.parsers import _SCHEDULED, FileParser, _all_short_queues, _uninteresting, wanted_lines
+from triage.parsers import FileParser, _all_short_queues, _uninteresting, wanted_lines
 from triage.reader import BLOCK_BYTES, Notes, read_lines
 
 HEAD = '{"ts":"2026-11-29T19:00:00.000Z","level":"info","logger":"llmserve","request_id":"chatcmpl-1",'
@@ -102,11 +103,9 @@ SCHEDULED = HEAD + '"event":"request.scheduled","queue_s":0.002,"cached_tokens":
 @example([SCHEDULED, SCHEDULED.replace('"cached', '"queue_s":1.5,"cached')])
 @example([SCHEDULED.replace("0}", '0,"queue_s":0.1}'), SCHEDULED.replace(',"queue_s":0.002', "")])
 def test_short_queue_counts_take_only_lines_the_parser_drops(lines):
-    """_all_short_queues gets lines that start with "{" and whose first event key is request.scheduled;
-    when it says yes, the per-line path drops every one (two keys in one line and none in another must
-    not cancel out)."""
-    lines = [line.replace("\r", "") for line in lines]
-    lines = [line for line in lines if line[:1] == "{" and line.startswith(_SCHEDULED, line.find('"event":"'))]
+    """_all_short_queues gets lines that start with "{"; when it says yes, the per-line path drops every
+    one (two queue_s in one line and none in another must not cancel out)."""
+    lines = [line.replace("\r", "") for line in lines if line[:1] == "{"]
     if lines and _all_short_queues(lines, [line.find('"event":"') for line in lines]):
         for line in lines:
             assert _uninteresting(line), line
@@ -121,3 +120,25 @@ def test_short_queue_counts_on_the_engine_layout():
     assert not short(SCHEDULED, SCHEDULED.replace("0.002", "2.5"))
     assert not short(SCHEDULED.replace("{", '{"queue_s":3,'))  # an earlier queue_s is the one read
     assert not short(SCHEDULED.replace("0}", '0,"queue_s":3}'), SCHEDULED.replace('"queue_s":0.002,', ""))
+
+
+ENGINE_BLOCK = [line for line in ENGINE_SEEDS if line.startswith("{") and "2.5" not in line] * 3
+
+
+@pytest.mark.parametrize(("odd", "num_events"), [
+    (None, 3),  # the common case: every line's claim checked in bulk
+    (HEAD + '"event":"engine.error","fatal":true,"event":"request.finished"}', 4),  # a code no drop key has
+    (HEAD + '"event":"request.finishes","prompt_tokens":1}', 3),  # a finished code, not the key
+    (HEAD + '"event":"request.receivedx","prompt_tokens":1}', 3),  # a skipped code, not the key
+    (HEAD + '"event":"request.first_token","event":"request.finished","ttft_s":0.1}', 3),  # the first key counts
+    ('{"queue_s":2,' + SCHEDULED[1:], 4),  # an earlier queue_s is the one read
+    ('{"event":"x"}', 3),  # too short for a code
+    (" " + HEAD + '"event":"http.access","status":504}', 3),  # not JSON to the parser: no event either
+])
+def test_split_block_on_engine_blocks_with_one_odd_line(odd, num_events):
+    lines = ENGINE_BLOCK[:4] + ([odd] if odd else []) + ENGINE_BLOCK[4:]
+    block = "\n".join(lines) + "\n"
+    bulk, per_line = FileParser("x.log"), FileParser("x.log", batches=False)
+    expected = _events(per_line.split_block(7, block, lines), per_line)
+    assert _events(bulk.split_block(7, block, lines), bulk) == expected
+    assert len(expected) == num_events

@@ -251,16 +251,36 @@ _AT_19 = {"n": _FINISHED, "h": _SCHEDULED, "r": _SKIP_EVENTS[0], "s": _SKIP_EVEN
 assert all(key[19] == code for code, key in _AT_19.items())
 _IS_FINISHED = bytes(int(c == ord("n")) for c in range(256))
 _IS_SCHEDULED = bytes(int(c == ord("h")) for c in range(256))
+_IS_SKIPPED = bytes(int(c in b"rsc") for c in range(256))
+_CODES = "".join(_AT_19).encode()
 _SCHEDULED_SHORT = re.compile(re.escape(_SCHEDULED) + "," + _SHORT_QUEUE.pattern)
 
 
 def _engine_split(block: str, lines: list[str]) -> tuple[list[int], list[int]]:
     """(request.finished candidates, the other lines wanted_lines keeps): indices into lines, in order.
 
-    A candidate's first event key is request.finished (the bulk path checks the rest). The common case,
-    an engine log and nothing else, is settled by C-level maps and counts over the block's lines."""
-    n = len(lines)
+    The common case, an engine log and nothing else, is settled by C-level maps and counts over the
+    block's lines: each line's code (the character 19 after its first event key) names the key it
+    claims, and only the claims that decide a drop are checked (the bulk path checks a candidate's)."""
     at = list(map(str.find, lines, repeat('"event":"')))
+    try:
+        codes = "".join(map(getitem, lines, map(add, at, repeat(19)))).encode()
+    except IndexError:  # a line too short for a code: no engine line
+        return _engine_split_known(block, lines, at)
+    if codes.translate(None, _CODES) or '"prompt":' in block or min(lines, default="{") < "{" or max(
+            lines, default="{") >= "|":  # a code no key has, a logged prompt, a line not starting with "{"
+        return _engine_split_known(block, lines, at)
+    is_skip, is_sched = codes.translate(_IS_SKIPPED), codes.translate(_IS_SCHEDULED)
+    if all(map(str.startswith, compress(lines, is_skip), repeat(_SKIP_EVENTS), compress(at, is_skip))) and (
+            _all_short_queues(list(compress(lines, is_sched)), compress(at, is_sched))):
+        return list(compress(range(len(lines)), codes.translate(_IS_FINISHED))), []  # every other line dropped
+    return _engine_split_known(block, lines, at)
+
+
+def _engine_split_known(block: str, lines: list[str], at: list[int]) -> tuple[list[int], list[int]]:
+    """_engine_split when its common case does not hold: the lines with an engine key first, then the
+    candidates among them; a block of them all starting with "{" may still drop every other line."""
+    n = len(lines)
     known = list(map(str.startswith, lines, repeat(_ENGINE_KEYS), at))
     if sum(known) == n:
         known_idx, known_lines, known_at = range(n), lines, at
@@ -272,19 +292,17 @@ def _engine_split(block: str, lines: list[str]) -> tuple[list[int], list[int]]:
     fin_idx = list(compress(known_idx, codes.translate(_IS_FINISHED)))
     if len(known_idx) == n and '"prompt":' not in block and min(lines, default="{") >= "{" and max(
             lines, default="{") < "|":  # every line starts with "{": every other known line is dropped...
-        is_sched = codes.translate(_IS_SCHEDULED)
-        sched = list(compress(lines, is_sched))
-        if _all_short_queues(sched, compress(at, is_sched)) or None not in map(
-                _SHORT_QUEUE.match, sched, map(str.find, sched, repeat('"queue_s":'))):
+        sched = list(compress(lines, codes.translate(_IS_SCHEDULED)))
+        if None not in map(_SHORT_QUEUE.match, sched, map(str.find, sched, repeat('"queue_s":'))):
             return fin_idx, []  # ...and so is every request.scheduled line here
     fin_set = set(fin_idx)
     return fin_idx, [i for i, _ in wanted_lines(block) if i not in fin_set]
 
 
 def _all_short_queues(lines: list[str], at: Iterable[int]) -> bool:
-    """Whether every line, each with the request.scheduled key at at (its first event key), has as its
-    first "queue_s" one right after that key and a number _quick_number reads as < 1: one there in each
-    line and as many in all the lines as there are lines means it is each line's only one."""
+    """Whether every line holds at at (its first event key) the request.scheduled key followed by a
+    "queue_s" whose number _quick_number reads as < 1, and that "queue_s" is its first: one there in
+    each line and as many in all the lines as there are lines means it is each line's only one."""
     return "\n".join(lines).count('"queue_s":') == len(lines) and None not in map(
         _SCHEDULED_SHORT.match, lines, at)
 

@@ -17,10 +17,25 @@ from types import SimpleNamespace  # noqa: E402
 
 import pytest  # noqa: E402
 import requests  # noqa: E402
+from locust.clients import HttpSession  # noqa: E402
+from locust.event import EventHook  # noqa: E402
 
 from loadgen.mockserver import MockConfig, MockServer  # noqa: E402
+from loadgen.session import settle_environment  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def user_session(url: str, events: list | None = None, settle: bool = True) -> HttpSession:
+    """Locust's HttpSession for url; each request event it fires goes into events. settle: the
+    environment read once, as ChatUser does (then requests take loadgen.session's fast path)."""
+    hook = EventHook()
+    if events is not None:
+        hook.add_listener(lambda **kw: events.append(kw))
+    session = HttpSession(url, request_event=hook, user=None)
+    if settle:
+        settle_environment(session, session.base_url)
+    return session
 
 
 @pytest.fixture

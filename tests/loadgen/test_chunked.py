@@ -10,12 +10,11 @@ import zlib
 
 import pytest
 from locust.clients import HttpSession
-from locust.event import EventHook
 
 from loadgen.chunked import ChunkedBody
 from loadgen.client import RequestSpec, StreamSettings, run_request
 from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
-from loadgen.session import settle_environment
+from tests.loadgen.conftest import user_session
 
 HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 
@@ -145,8 +144,7 @@ def scripted():
 
 
 def request(port: int, ticks: Ticks, session: HttpSession | None = None, timeout_s: float = 5.0):
-    session = session or HttpSession(f"http://127.0.0.1:{port}", request_event=EventHook(), user=None)
-    settle_environment(session, session.base_url)  # as ChatUser does: loadgen.session's fast path
+    session = session or user_session(f"http://127.0.0.1:{port}")
     record = RequestRecord(request_id="req-1", worker="local", profile="steady", scheduled_unix=0.0)
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
     spec = RequestSpec(path="/v1/chat/completions", body=body, name="chat", max_tokens=3)
@@ -280,8 +278,7 @@ def test_ticks_count_once_per_call():
 def test_abort_after_n_chunks_stops_at_n_even_when_more_arrived_in_the_same_read(scripted):
     server, ticks = scripted([HEAD, chunk(ROLE + token("a")), R, chunk(token("b")) + chunk(token("c")), R, 1.0])
     record = RequestRecord(request_id="req-1", worker="local", profile="abort", scheduled_unix=0.0)
-    session = HttpSession(f"http://127.0.0.1:{server.port}", request_event=EventHook(), user=None)
-    settle_environment(session, session.base_url)  # as ChatUser does: loadgen.session's fast path
+    session = user_session(f"http://127.0.0.1:{server.port}")
     spec = RequestSpec(path="/v1/chat/completions", body={"stream": True}, name="chat", max_tokens=3)
     text = run_request(session, spec, record, StreamSettings(timeout_s=5, abort_after_tokens=2), 0.0, clock=ticks)
     assert record.outcome is Outcome.ABORTED and text == "ab" and record.num_chunks == 2

@@ -2,13 +2,11 @@
 
 
 import pytest
-from locust.clients import HttpSession
-from locust.event import EventHook
 
 from loadgen.client import RequestSpec, StreamSettings, run_request
 from loadgen.clientlog import ClientLog
 from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
-from loadgen.session import settle_environment
+from tests.loadgen.conftest import user_session
 
 
 def spec(num_tokens: int = 6) -> RequestSpec:
@@ -19,10 +17,7 @@ def spec(num_tokens: int = 6) -> RequestSpec:
 
 def send(port: int, settings: StreamSettings | None = None, log: ClientLog | None = None):
     events = []
-    hook = EventHook()
-    hook.add_listener(lambda **kw: events.append(kw))
-    session = HttpSession(f"http://127.0.0.1:{port}", request_event=hook, user=None)
-    settle_environment(session, session.base_url)  # as ChatUser does: loadgen.session's fast path
+    session = user_session(f"http://127.0.0.1:{port}", events)
     record = RequestRecord(request_id="req-1", worker="local", profile="steady", scheduled_unix=0.0)
     import time
 

@@ -7,15 +7,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
-from locust.clients import HttpSession
-from locust.event import EventHook
 
 from loadgen.client import RequestSpec, StreamSettings
 from loadgen.clientlog import ClientLog
 from loadgen.nonstream import run_request
 from loadgen.options import ConfigError, config_from_options
 from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
-from loadgen.session import settle_environment
+from tests.loadgen.conftest import user_session
 
 ANSWER = {"id": "chatcmpl-abc", "object": "chat.completion", "model": "m",
           "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello there"},
@@ -75,10 +73,7 @@ def server():
 
 def send(server, mode: str, timeout_s: float = 5.0, log: ClientLog | None = None):
     events = []
-    hook = EventHook()
-    hook.add_listener(lambda **kw: events.append(kw))
-    session = HttpSession(f"http://127.0.0.1:{server.server_address[1]}", request_event=hook, user=None)
-    settle_environment(session, session.base_url)  # as ChatUser does: loadgen.session's fast path
+    session = user_session(f"http://127.0.0.1:{server.server_address[1]}", events)
     record = RequestRecord(request_id="req-1", worker="local", profile="steady", scheduled_unix=0.0)
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "stream": False}
     spec = RequestSpec(path=f"/v1/chat/completions/{mode}", body=body, name="chat", max_tokens=12)

@@ -8,11 +8,10 @@ import threading
 import gevent
 import pytest
 import requests
-from locust.clients import HttpSession
-from locust.event import EventHook
 
 from loadgen import session as loadgen_session
 from loadgen.session import TEMPLATE_ATTR, post, settle_environment
+from tests.loadgen.conftest import user_session
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "héllo"}], "max_tokens": 3, "stream": True}
 ANSWER = b'{"choices": [{"message": {"content": "hi"}}]}'
@@ -60,12 +59,6 @@ def server():
     srv.server_close()
 
 
-def new_session(url: str, events: list) -> HttpSession:
-    hook = EventHook()
-    hook.add_listener(lambda **kw: events.append(kw))
-    return HttpSession(url, request_event=hook, user=None)
-
-
 def send(session, request_id: str, name: str = "chat", stream: bool = False):
     with post(session, "/v1/chat/completions", BODY, {"x-request-id": request_id, "Authorization": "Bearer k"},
               name, stream, (5, 5)) as resp:
@@ -79,13 +72,12 @@ def without_id(head: list[str]) -> list[str]:
 
 def test_reused_request_is_byte_for_byte_what_requests_prepares(server):
     events: list = []
-    reference = new_session(server.url, events)
+    reference = user_session(server.url, events, settle=False)
     reference.trust_env = False
     with reference.post("/v1/chat/completions", json=BODY, headers={"x-request-id": "r0", "Authorization": "Bearer k"},
                         name="chat", catch_response=True, timeout=(5, 5)) as resp:
         resp.success()
-    fast = new_session(server.url, events)
-    settle_environment(fast, fast.base_url)
+    fast = user_session(server.url, events)
     send(fast, "r1")
     send(fast, "r2")
     assert len(fast.__dict__[TEMPLATE_ATTR]) == 1  # prepared once, sent twice
@@ -102,8 +94,7 @@ def test_reused_request_is_byte_for_byte_what_requests_prepares(server):
 
 def test_session_changes_are_honoured(server):
     events: list = []
-    session = new_session(server.url, events)
-    settle_environment(session, session.base_url)
+    session = user_session(server.url, events)
     send(session, "r1")
     session.headers["X-Tenant"] = "blue"  # a template made before this must not be reused
     send(session, "r2")
@@ -118,8 +109,7 @@ def test_cookies_set_by_the_server_are_sent_back():
     srv = Capture(set_cookie=True)
     try:
         events: list = []
-        session = new_session(srv.url, events)
-        settle_environment(session, session.base_url)
+        session = user_session(srv.url, events)
         send(session, "r1")
         send(session, "r2")
         heads = [head for head, _ in srv.requests]
@@ -135,11 +125,10 @@ def test_connection_error_is_reported_as_httpsession_reports_it():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here once the socket closes
     events: list = []
-    session = new_session(f"http://127.0.0.1:{port}", events)
-    settle_environment(session, session.base_url)
+    session = user_session(f"http://127.0.0.1:{port}", events)
     with post(session, "/v1/chat/completions", BODY, {"x-request-id": "r1"}, "chat", True, (2, 2)) as resp:
         assert resp.status_code == 0 and isinstance(resp.error, requests.exceptions.ConnectionError)
-    reference = new_session(session.base_url, events)
+    reference = user_session(session.base_url, events, settle=False)
     reference.trust_env = False
     with reference.post("/v1/chat/completions", json=BODY, headers={"x-request-id": "r1"}, name="chat",
                         stream=True, catch_response=True, timeout=(2, 2)) as resp:

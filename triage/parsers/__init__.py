@@ -264,11 +264,10 @@ def _engine_split(block: str, lines: list[str]) -> tuple[list[int], list[int]]:
     claims, and only the claims that decide a drop are checked (the bulk path checks a candidate's)."""
     at = list(map(str.find, lines, repeat('"event":"')))
     try:
-        codes = "".join(map(getitem, lines, map(add, at, repeat(19)))).encode()
+        codes = _codes(lines, at)
     except IndexError:  # a line too short for a code: no engine line
         return _engine_split_known(block, lines, at)
-    if codes.translate(None, _CODES) or '"prompt":' in block or min(lines, default="{") < "{" or max(
-            lines, default="{") >= "|":  # a code no key has, a logged prompt, a line not starting with "{"
+    if codes.translate(None, _CODES) or not _droppable(block, lines):  # a code no key has
         return _engine_split_known(block, lines, at)
     is_skip, is_sched = codes.translate(_IS_SKIPPED), codes.translate(_IS_SCHEDULED)
     if all(map(str.startswith, compress(lines, is_skip), repeat(_SKIP_EVENTS), compress(at, is_skip))) and (
@@ -288,15 +287,25 @@ def _engine_split_known(block: str, lines: list[str], at: list[int]) -> tuple[li
         known_idx = list(compress(range(n), known))
         known_lines = list(map(lines.__getitem__, known_idx))
         known_at = list(map(at.__getitem__, known_idx))
-    codes = "".join(map(getitem, known_lines, map(add, known_at, repeat(19)))).encode()
+    codes = _codes(known_lines, known_at)
     fin_idx = list(compress(known_idx, codes.translate(_IS_FINISHED)))
-    if len(known_idx) == n and '"prompt":' not in block and min(lines, default="{") >= "{" and max(
-            lines, default="{") < "|":  # every line starts with "{": every other known line is dropped...
+    if len(known_idx) == n and _droppable(block, lines):  # every other known line is dropped...
         sched = list(compress(lines, codes.translate(_IS_SCHEDULED)))
         if None not in map(_SHORT_QUEUE.match, sched, map(str.find, sched, repeat('"queue_s":'))):
             return fin_idx, []  # ...and so is every request.scheduled line here
     fin_set = set(fin_idx)
     return fin_idx, [i for i, _ in wanted_lines(block) if i not in fin_set]
+
+
+def _codes(lines: list[str], at: Iterable[int]) -> bytes:
+    """Each line's code: its character 19 after at (its first event key); IndexError for a short line."""
+    return "".join(map(getitem, lines, map(add, at, repeat(19)))).encode()
+
+
+def _droppable(block: str, lines: list[str]) -> bool:
+    """Whether wanted_lines may drop the block's lines by their event keys: no logged prompt, and every
+    line starts with "{" (the smallest line is at least "{", the largest below "|")."""
+    return '"prompt":' not in block and min(lines, default="{") >= "{" and max(lines, default="{") < "|"
 
 
 def _all_short_queues(lines: list[str], at: Iterable[int]) -> bool:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from triage import diagnose as diagnose_module
 from triage.diagnose import DiagnoseOptions, diagnose
 from triage.parsers import FileParser, gateways
+from triage.parsers import batch as batch_module
 from triage.parsers.batch import UPSTREAMINFO_BULK, FinishedShape, access_rows, finished_batch
 from triage.reader import BLOCK_BYTES, Notes, read_blocks
 from triage.report import render_json, render_text
@@ -168,8 +169,11 @@ def assert_same(bulk, per_line) -> None:
             assert bulk[4][rule][key] == value, (rule, key)
 
 
+@pytest.mark.parametrize("speedups", [True, False], ids=["with-c", "python-only"])
 @pytest.mark.parametrize(("num", "seed", "odd_rate"), [(9000, 1, 0.01), (4000, 2, 0.05), (12000, 3, 0.0005)])
-def test_bulk_equals_per_line_on_mixed_logs(tmp_path, monkeypatch, num, seed, odd_rate):
+def test_bulk_equals_per_line_on_mixed_logs(tmp_path, monkeypatch, num, seed, odd_rate, speedups):
+    if not speedups:  # the bulk paths' Python checks, as where triage/_speedups.c is not built
+        monkeypatch.setattr(batch_module, "SPEEDUPS", None)
     write_logs(tmp_path, num, seed, odd_rate)
     assert (tmp_path / "engine-0.log").stat().st_size > 2 * BLOCK_BYTES  # lines across block edges
     bulk, per_line = run_both(monkeypatch, [str(tmp_path)])

@@ -8,8 +8,9 @@ from itertools import compress, repeat
 from operator import add, and_, getitem, not_
 
 from triage.model import Event
+from triage.parsers import batch as batch_module
 from triage.parsers import client, engine_json, gateways, metrics_text, text_logs
-from triage.parsers.batch import Batch, FinishedShape, access_batch, access_rows, finished_batch
+from triage.parsers.batch import Batch, FinishedShape, access_batch, access_columns, finished_batch
 from triage.signatures import scan
 from triage.timeparse import parse_iso
 
@@ -69,9 +70,8 @@ class FileParser:
                 if batch is not None:
                     batches.append(batch)
         if other_idx and '] "' in block and self._no_csv(first, lines):
-            whole = len(other_idx) == n
-            rows = access_rows(block if whole else "\n".join(map(lines.__getitem__, other_idx)))
-            cols = list(zip(*rows, strict=True))  # client, time, status (set where the row matched), ...
+            sub = lines if len(other_idx) == n else list(map(lines.__getitem__, other_idx))
+            cols = access_columns(sub)  # client, time, status (set where the row matched), ...
             if first < 3 or "" in cols[2]:  # parse() reads lines 1-3 as a possible CSV header first
                 hit = [k for k, status in enumerate(cols[2]) if status and other_idx[k] >= 3 - first]
             else:
@@ -82,9 +82,8 @@ class FileParser:
                     slow += [i for k, i in enumerate(other_idx) if k not in hit_set]
                     other_idx = [other_idx[k] for k in hit]
                     cols = [[col[k] for k in hit] for col in cols]
-                    whole = False
-                hit_lines = lines if whole else list(map(lines.__getitem__, other_idx))
-                batches.append(access_batch(self.file, first + 1, other_idx, hit_lines, cols))
+                    sub = list(map(lines.__getitem__, other_idx))
+                batches.append(access_batch(self.file, first + 1, other_idx, sub, cols))
                 other_idx = []
         slow += other_idx
         if not batches:
@@ -262,6 +261,9 @@ def _engine_split(block: str, lines: list[str]) -> tuple[list[int], list[int]]:
     The common case, an engine log and nothing else, is settled by C-level maps and counts over the
     block's lines: each line's code (the character 19 after its first event key) names the key it
     claims, and only the claims that decide a drop are checked (the bulk path checks a candidate's)."""
+    speedups = batch_module.SPEEDUPS
+    if speedups is not None and (fin_idx := speedups.engine_split(lines)) is not None:
+        return fin_idx, []  # the common case checked in C
     at = list(map(str.find, lines, repeat('"event":"')))
     try:
         codes = _codes(lines, at)

@@ -10,6 +10,7 @@ the few lines a rule keeps as evidence or samples.
 """
 
 import json
+import os
 import re
 import sys
 from itertools import compress, repeat
@@ -19,11 +20,19 @@ from triage.model import Event
 from triage.parsers import engine_json, gateways
 from triage.timeparse import parse_clf, parse_iso
 
+try:  # the per-line checks in C (triage/_speedups.c), built by `pip install`; optional
+    from triage import _speedups as SPEEDUPS
+except ImportError:
+    SPEEDUPS = None
+if os.environ.get("LLMTRIAGE_PURE_PYTHON"):  # the reference paths alone, to rule the C ones out
+    SPEEDUPS = None
+
 _STR = r'"[^"\\\x00-\x1f]*"'  # a JSON string without escapes: its text is its value
 # (An optional part is written (?:X|), not (?:X)?: the same greedy match, and sre runs a branch faster
 # than a repeat.)
 # A JSON number (json.loads refuses an int longer than sys.get_int_max_str_digits(): so does this)
-_DIGITS = f"{{0,{sys.get_int_max_str_digits() - 1}}}" if sys.get_int_max_str_digits() else "*"
+_MAX_INT_DIGITS = sys.get_int_max_str_digits() or -1  # -1: no limit
+_DIGITS = f"{{0,{_MAX_INT_DIGITS - 1}}}" if _MAX_INT_DIGITS > 0 else "*"
 _NUM = rf'-?(?:0|[1-9][0-9]{_DIGITS})(?:\.[0-9]+|)(?:[eE][-+]?[0-9]+|)'
 _INT = r'-?(?:0|[1-9][0-9]{0,17})'  # json.loads makes an int, int() the same one
 # float() of the text equals float() of what json.loads makes ("-0" alone is the int 0, not -0.0)
@@ -36,6 +45,9 @@ _ISO_Z = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.
 # Values that change what the per-line path makes: a loadgen record, a finish rules count as an error.
 _NOT = {"logger": "loadgen", "finish_reason": "error"}
 FINISHED_COLUMNS = ("ts", "prompt_tokens", "cached_tokens", "ttft_s", "prefix_fingerprint")
+# _speedups.shape_rows' value kinds: the patterns above, by number
+K_NONE, K_TS, K_INT, K_FLOAT, K_NUM, K_BOOL, K_STR, K_STR_NOT, K_LIST = range(9)
+_KIND_BY_TYPE = {str: K_STR, int: K_NUM, float: K_NUM, type(None): K_NUM, bool: K_BOOL, list: K_LIST}
 MAX_SHAPES = 64
 
 
@@ -48,9 +60,10 @@ class FinishedShape:
     event of request.finished, a logger other than loadgen and a finish_reason other than error."""
 
     def __init__(self, keys: tuple[str, ...], obj: dict):
-        parts, columns = [], []
+        parts, columns, ops = [], [], []  # ops: the same pattern for _speedups.shape_rows
         for key in keys:
             value = obj[key]
+            kind, arg = _KIND_BY_TYPE.get(type(value)), 0
             if key == "ts":
                 m = _ISO_Z.fullmatch(value) if isinstance(value, str) else None
                 if m is None:
@@ -58,22 +71,23 @@ class FinishedShape:
                 digits = len(m.group(1) or "")
                 frac = rf"\.[0-9]{{{digits}}}" if digits else ""
                 pattern = rf'"([0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}T[0-9]{{2}}:[0-9]{{2}}:[0-9]{{2}}{frac}Z)"'
+                kind, arg = K_TS, digits
             elif key in ("prompt_tokens", "cached_tokens"):
                 if type(value) is not int:
                     raise ValueError(key)
-                pattern = f"({_INT})"
+                pattern, kind = f"({_INT})", K_INT
             elif key == "ttft_s":
                 if type(value) not in (int, float):
                     raise ValueError(key)
-                pattern = f"({_FLOAT})"
+                pattern, kind = f"({_FLOAT})", K_FLOAT
             elif key == "prefix_fingerprint":
                 if not isinstance(value, list):
                     raise ValueError(key)
-                pattern = rf'\[((?:{_STR}(?:,{_STR})*|))\]'
+                pattern, kind = rf'\[((?:{_STR}(?:,{_STR})*|))\]', K_LIST
             elif key == "event":
-                pattern = r'"request\.finished"'
+                pattern, kind = r'"request\.finished"', K_NONE
             elif key in _NOT and type(value) is str:
-                pattern = rf'"(?!{_NOT[key]}")[^"\\\x00-\x1f]*"'
+                pattern, kind = rf'"(?!{_NOT[key]}")[^"\\\x00-\x1f]*"', K_STR_NOT
             elif type(value) in _BY_TYPE:
                 pattern = _BY_TYPE[type(value)]
             else:
@@ -81,8 +95,12 @@ class FinishedShape:
             if key in FINISHED_COLUMNS:
                 columns.append(key)
             parts.append('"' + re.escape(key) + '":' + pattern)
+            literal = ("," if ops else "{") + '"' + key + '":' + ('"request.finished"' if key == "event" else "")
+            ops.append((literal, kind, FINISHED_COLUMNS.index(key) if key in FINISHED_COLUMNS else -1, arg,
+                        _NOT[key] if kind == K_STR_NOT else ""))
         if sorted(columns) != sorted(FINISHED_COLUMNS):
             raise ValueError("missing keys")
+        self.ops = (*ops, ("}", K_NONE, -1, 0, ""))
         self.regex = re.compile(r"\{" + ",".join(parts) + r"\}")
         # findall over lines joined by "\n": one tuple a line, the shape's groups or the whole line last
         self.lines = re.compile(r"(?m)^(?:" + self.regex.pattern + r"|(.*))$")
@@ -263,20 +281,36 @@ def converted(convert, texts: list[str]) -> list:
 def finished_batch(file: str, base: int, idx: list[int], lines: list[str], shape: FinishedShape,
                    ) -> tuple[FinishedBatch | None, list[int]]:
     """The lines shape matches as one batch, and the positions (in idx) of those it does not."""
-    rows = shape.lines.findall("\n".join(lines))  # one row a line: no line is empty
-    cols = list(zip(*rows, strict=True))
-    ts = cols[shape.columns[0]]
-    misses = [k for k, text in enumerate(ts) if not text] if "" in ts else []
+    if SPEEDUPS is not None:  # the matching lines' columns, in FINISHED_COLUMNS order
+        cols, misses = SPEEDUPS.shape_rows(lines, shape.ops, _MAX_INT_DIGITS)
+        if misses:
+            missed = set(misses)
+            keep = [k for k in range(len(lines)) if k not in missed]
+    else:
+        rows = shape.lines.findall("\n".join(lines))  # one row a line: no line is empty
+        cols = list(zip(*rows, strict=True))
+        cols = [cols[c] for c in shape.columns]
+        ts = cols[0]
+        misses = [k for k, text in enumerate(ts) if not text] if "" in ts else []
+        if misses:
+            keep = [k for k, text in enumerate(ts) if text]
+            cols = [[col[k] for k in keep] for col in cols]
     if misses:
-        keep = [k for k, text in enumerate(ts) if text]
         if not keep:
             return None, misses
         idx, lines = [idx[k] for k in keep], [lines[k] for k in keep]
-        cols = [[col[k] for k in keep] for col in cols]
-    ts, prompt, cached, ttft, raw_fps = (cols[c] for c in shape.columns)
+    ts, prompt, cached, ttft, raw_fps = cols
     batch = FinishedBatch(file, base, idx, lines, ts, converted(int, prompt), converted(int, cached),
                           converted(float, ttft), raw_fps)
     return batch, misses
+
+
+def access_columns(lines: list[str]) -> list:
+    """UPSTREAMINFO_BULK's columns (client, time, status, duration, addr, ...) over lines, "" in each
+    where a line does not match."""
+    if SPEEDUPS is not None:
+        return SPEEDUPS.access_columns(lines)
+    return list(zip(*access_rows("\n".join(lines) + "\n"), strict=True))
 
 
 def access_rows(text: str) -> list[tuple]:

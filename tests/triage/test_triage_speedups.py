@@ -1,0 +1,163 @@
+"""triage._speedups (C) against the Python paths it shortcuts: where it answers, the same answer."""
+
+import random
+import string
+from unittest import mock
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from tests.triage.test_triage_bulk_paths import access_line
+from tests.triage.test_triage_fast_paths import HEAD, PIECES
+from triage.parsers import _engine_split
+from triage.parsers import batch as batch_module
+from triage.parsers.batch import SPEEDUPS, FinishedShape, access_rows
+
+
+def test_the_extension_is_built():
+    """`make setup` builds it (pip install -e .); without it llmtriage runs the Python paths alone."""
+    assert SPEEDUPS is not None, "triage/_speedups.c was not built: run `make setup` (needs a C compiler)"
+
+
+# ---- engine_split: the common case of parsers._engine_split ----------------------------------------
+DROPPED = [HEAD + '"event":"request.received","prompt_tokens":64,"max_tokens":32}',
+           HEAD + '"event":"request.scheduled","queue_s":0.002,"cached_tokens":0}',
+           HEAD + '"event":"request.first_token","ttft_s":0.04}',
+           HEAD + '"event":"http.access","method":"POST","status":200}']
+FINISHED = HEAD + '"event":"request.finished","finish_reason":"stop","prompt_tokens":64,"ttft_s":0.04}'
+QUEUES = ["0", "-0", "0.", "0.5", "-0.25", "0.5e3", "0.5E1", "1", "00.1", "0.1.2", "0.1-", "0.1+", "0.\u0663", "0x"]
+
+
+@st.composite
+def engine_block_line(draw):
+    line = draw(st.sampled_from([*DROPPED, FINISHED]))
+    if draw(st.booleans()):
+        line = line.replace('"queue_s":0.002', '"queue_s":' + draw(st.sampled_from(QUEUES)))
+    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):
+        at = draw(st.integers(0, len(line)))
+        junk = draw(st.sampled_from(PIECES) | st.text(alphabet=string.printable.replace("\n", ""), max_size=3))
+        line = line[:at] + junk + line[at + draw(st.integers(0, 2)):]
+    return line.replace("\n", "")
+
+
+def python_engine_split(lines):
+    with mock.patch.object(batch_module, "SPEEDUPS", None):
+        return _engine_split("\n".join(lines) + "\n", lines)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(engine_block_line(), min_size=1, max_size=10))
+@example([DROPPED[1].replace("0.002", "0.5e3")])
+@example([DROPPED[1].replace('"queue_s":0.002', '"queue_s":0.1,"queue_s":3')])
+@example([DROPPED[1].replace('{"ts"', '{"queue_s":3,"ts"')])
+@example([FINISHED.replace("finished", "finishedX")])
+def test_engine_split_answers_as_python(lines):
+    fin_idx = SPEEDUPS.engine_split(lines)
+    if fin_idx is not None:
+        assert python_engine_split(lines) == (fin_idx, [])
+
+
+def test_engine_split_takes_the_engine_layout():
+    rng = random.Random(3)
+    lines = [rng.choice([*DROPPED, FINISHED]) for _ in range(500)]
+    expected = [i for i, line in enumerate(lines) if line == FINISHED]
+    assert SPEEDUPS.engine_split(lines) == expected == python_engine_split(lines)[0]
+    for q in ("0", "-0.25", "0.", "0.000"):
+        assert SPEEDUPS.engine_split([DROPPED[1].replace("0.002", q)]) == []
+    for odd in (DROPPED[1].replace("0.002", "1.5"), DROPPED[1].replace("0.002", "0.5e3"), '{"event":"x"}',
+                DROPPED[0].replace("prompt_tokens", "prompt"), " " + DROPPED[0], "", "[]", DROPPED[0] + "\u00e9"):
+        assert SPEEDUPS.engine_split([*lines, odd]) is None, odd  # read line by line in Python
+
+
+# ---- shape_rows: FinishedShape.lines.findall -------------------------------------------------------
+SAMPLES = [
+    '{"ts":"2026-11-29T19:00:01.000Z","level":"info","logger":"llmserve","model":"m","request_id":"r",'
+    '"event":"request.finished","finish_reason":"stop","prompt_tokens":64,"cached_tokens":16,'
+    '"completion_tokens":32,"queue_s":0.002,"ttft_s":0.04,"tpot_s":null,"e2e_s":0.9,'
+    '"prefix_fingerprint":["a,b","c",""]}',
+    '{"event":"request.finished","ts":"2026-11-29T19:00:01Z","ttft_s":3,"ok":true,"tags":["x"],'
+    '"prefix_fingerprint":[],"prompt_tokens":-5,"cached_tokens":0}',
+    '{"ts":"2026-11-29T19:00:01.123456Z","prefix_fingerprint":["ab"],"cached_tokens":1,"prompt_tokens":2,'
+    '"ttft_s":1e-3,"event":"request.finished","logger":"x","finish_reason":"length","n":null,"f":false}',
+]
+NUMBER_PIECES = ["-0", "-", "0", "00", "1", "9" * 19, ".", ".5", "e", "E+", "e-7", "null", "true", "false",
+                 '"', "\\", ",", "[", "]", '""', '","', "\t", "\u00e9", "loadgen", "error", "Z", "T", ":", " "]
+
+
+@st.composite
+def finished_lines(draw, sample):
+    lines = []
+    for _ in range(draw(st.integers(1, 6))):
+        line = sample
+        for _ in range(draw(st.sampled_from([0, 1, 1, 2, 3]))):
+            at = draw(st.integers(0, len(line)))
+            junk = draw(st.sampled_from(NUMBER_PIECES) | st.text(alphabet="0123456789.-eE", max_size=3))
+            line = line[:at] + junk + line[at + draw(st.integers(0, 3)):]
+        lines.append(line.replace("\n", "") or "x")
+    return lines
+
+
+def regex_rows(shape, lines):
+    rows = shape.lines.findall("\n".join(lines))
+    cols = [[row[c] for row in rows if row[shape.columns[0]]] for c in shape.columns]
+    return cols, [k for k, row in enumerate(rows) if not row[shape.columns[0]]]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_shape_rows_are_the_shape_regex_rows(data):
+    sample = data.draw(st.sampled_from(SAMPLES))
+    shape = FinishedShape.learn(sample)
+    lines = data.draw(finished_lines(sample))
+    cols, misses = SPEEDUPS.shape_rows(lines, shape.ops, batch_module._MAX_INT_DIGITS)
+    ref_cols, ref_misses = regex_rows(shape, lines)
+    not_ascii = {k for k, line in enumerate(lines) if not line.isascii()}  # left to the Python paths
+    assert misses == sorted(set(ref_misses) | not_ascii)
+    taken = [k for k in range(len(lines)) if k not in ref_misses]
+    assert cols == [[col[j] for j, k in enumerate(taken) if k not in not_ascii] for col in ref_cols]
+
+
+def test_shape_rows_on_crafted_lines():
+    sample = SAMPLES[0]
+    shape = FinishedShape.learn(sample)
+    limit = batch_module._MAX_INT_DIGITS
+    variants = [sample, sample.replace('"tpot_s":null', '"tpot_s":1' + "0" * (limit - 1)),
+                sample.replace('"tpot_s":null', '"tpot_s":1' + "0" * limit),
+                sample.replace('"ttft_s":0.04', '"ttft_s":-0'), sample.replace('"ttft_s":0.04', '"ttft_s":-0.0'),
+                sample.replace('"ttft_s":0.04', '"ttft_s":-0e1'), sample.replace('"ttft_s":0.04', '"ttft_s":1' + "0" * 18),
+                sample.replace('"ttft_s":0.04', '"ttft_s":1' + "0" * 17), sample.replace('"stop"', '"error"'),
+                sample.replace('"stop"', '"errors"'), sample.replace('"llmserve"', '"loadgen"'),
+                sample.replace('"r"', '"r\\"'), sample.replace('"m"', '"m\x7f"'), sample.replace('"m"', '"m\x1f"'),
+                sample[:-1], sample + "}", sample.replace('["a,b","c",""]', "[]"),
+                sample.replace('["a,b","c",""]', '["a",]'), sample.replace('["a,b","c",""]', "[1]")]
+    cols, misses = SPEEDUPS.shape_rows(variants, shape.ops, limit)
+    assert (cols, misses) == regex_rows(shape, variants)
+    assert misses == [2, 3, 6, 8, 10, 11, 13, 14, 15, 17, 18]  # variant 5, -0e1, is the float -0.0 to both
+    assert cols[0][0] == "2026-11-29T19:00:01.000Z" and cols[4][0] == '"a,b","c",""' and cols[3][2:4] == ["-0.0", "-0e1"]
+
+
+def test_finished_batch_is_the_same_without_the_extension():
+    shape = FinishedShape.learn(SAMPLES[0])
+    lines = [SAMPLES[0], SAMPLES[0].replace("64", "65"), "x", SAMPLES[0].replace('"m"', '"\u00e9"')]
+    fast, fast_misses = batch_module.finished_batch("f", 1, [0, 1, 2, 3], lines, shape)
+    with mock.patch.object(batch_module, "SPEEDUPS", None):
+        slow, slow_misses = batch_module.finished_batch("f", 1, [0, 1, 2, 3], lines, shape)
+    assert (fast_misses, slow_misses) == ([2, 3], [2])  # the non-ASCII line goes to the per-line parser
+    assert slow.prompt[:2] == fast.prompt == [64, 65] and fast.idx == [0, 1] and slow.idx == [0, 1, 3]
+    assert (fast.ts, fast.cached, fast.ttft, fast.raw_fps) == (slow.ts[:2], slow.cached[:2], slow.ttft[:2],
+                                                             slow.raw_fps[:2])
+
+
+# ---- access_columns: UPSTREAMINFO_BULK.findall -----------------------------------------------------
+@settings(max_examples=500, deadline=None)
+@given(st.lists(access_line(), min_size=1, max_size=6))
+@example(["127.0.0.1 - - [x] \"\" 200 - \"a\" \"b\" 1 .5 [] [] a b - c d"])
+@example(["[::1] - - [x] \"\" 200 1234567890123456789 1 1. [] [] a b 1 c"])
+@example(["1 - - [x] \"\" 200 1 1 1 [] [] a b 1 c d e"])
+@example(["1 - - [x] \"\" 200 1 1 1 [] [] a b 1 c\x1c"])
+def test_access_columns_are_the_regex_columns(lines):
+    reference = list(zip(*access_rows("\n".join(lines) + "\n"), strict=True))[:5]
+    columns = SPEEDUPS.access_columns(lines)
+    for k, line in enumerate(lines):
+        expected = [col[k] for col in reference] if line.isascii() else [""] * 5  # not ASCII: Python's
+        assert [col[k] for col in columns] == expected, line

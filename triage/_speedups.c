@@ -27,9 +27,10 @@
 static const char *
 find(const char *s, Py_ssize_t n, const char *pat, Py_ssize_t m)
 {
-    const char *end = s + n - m + 1, *p = s;
+    const char *end, *p = s;
     if (m > n)
         return NULL;
+    end = s + n - m + 1;
     while (p < end && (p = memchr(p, pat[0], end - p)) != NULL) {
         if (memcmp(p, pat, m) == 0)
             return p;
@@ -288,6 +289,7 @@ static int
 read_ops(PyObject *seq, Op *ops, Py_ssize_t *num_ops)
 {
     Py_ssize_t n = PyTuple_Check(seq) ? PyTuple_GET_SIZE(seq) : -1;
+    int seen[NUM_COLUMNS] = {0};
     if (n < 1 || n > MAX_OPS) {
         PyErr_SetString(PyExc_ValueError, "shape_rows: ops must be a tuple of 1 to 256 ops");
         return -1;
@@ -308,6 +310,14 @@ read_ops(PyObject *seq, Op *ops, Py_ssize_t *num_ops)
         if (op->kind < K_NONE || op->kind > K_LIST || op->column < -1 || op->column >= NUM_COLUMNS ||
             op->arg < 0) {
             PyErr_SetString(PyExc_ValueError, "shape_rows: bad op");
+            return -1;
+        }
+        if (op->column >= 0)
+            seen[op->column]++;
+    }
+    for (int c = 0; c < NUM_COLUMNS; c++) {
+        if (seen[c] != 1) {
+            PyErr_SetString(PyExc_ValueError, "shape_rows: each of the five columns must come from one op");
             return -1;
         }
     }

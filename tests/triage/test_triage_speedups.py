@@ -41,8 +41,7 @@ def engine_block_line(draw):
 
 
 def python_engine_split(lines):
-    with mock.patch.object(batch_module, "SPEEDUPS", None):
-        return _engine_split("\n".join(lines) + "\n", lines)
+    return _engine_split("\n".join(lines) + "\n", lines, ascii=False)
 
 
 @settings(max_examples=500, deadline=None)
@@ -136,16 +135,27 @@ def test_shape_rows_on_crafted_lines():
     assert cols[0][0] == "2026-11-29T19:00:01.000Z" and cols[4][0] == '"a,b","c",""' and cols[3][2:4] == ["-0.0", "-0e1"]
 
 
-def test_finished_batch_is_the_same_without_the_extension():
+def test_finished_batch_takes_the_c_path_for_ascii_lines_only():
     shape = FinishedShape.learn(SAMPLES[0])
-    lines = [SAMPLES[0], SAMPLES[0].replace("64", "65"), "x", SAMPLES[0].replace('"m"', '"\u00e9"')]
-    fast, fast_misses = batch_module.finished_batch("f", 1, [0, 1, 2, 3], lines, shape)
-    with mock.patch.object(batch_module, "SPEEDUPS", None):
-        slow, slow_misses = batch_module.finished_batch("f", 1, [0, 1, 2, 3], lines, shape)
-    assert (fast_misses, slow_misses) == ([2, 3], [2])  # the non-ASCII line goes to the per-line parser
-    assert slow.prompt[:2] == fast.prompt == [64, 65] and fast.idx == [0, 1] and slow.idx == [0, 1, 3]
-    assert (fast.ts, fast.cached, fast.ttft, fast.raw_fps) == (slow.ts[:2], slow.cached[:2], slow.ttft[:2],
-                                                             slow.raw_fps[:2])
+    lines = [SAMPLES[0], SAMPLES[0].replace("64", "65"), "x"]
+
+    class Counted:  # the extension, counting its calls
+        calls = 0
+
+        def shape_rows(self, *args):
+            self.calls += 1
+            return SPEEDUPS.shape_rows(*args)
+
+    counted = Counted()
+    with mock.patch.object(batch_module, "SPEEDUPS", counted):
+        fast, fast_misses = batch_module.finished_batch("f", 1, [0, 1, 2], lines, shape, ascii=True)
+        assert counted.calls == 1
+        slow, slow_misses = batch_module.finished_batch("f", 1, [0, 1, 2], lines, shape)  # not known ASCII
+        assert counted.calls == 1
+    assert fast_misses == slow_misses == [2] and fast.idx == slow.idx == [0, 1]
+    assert (fast.ts, fast.prompt, fast.cached, fast.ttft, fast.raw_fps) == (
+        slow.ts, slow.prompt, slow.cached, slow.ttft, slow.raw_fps)
+    assert fast.prompt == [64, 65] and fast.raw_fps == ['"a,b","c",""'] * 2
 
 
 # ---- access_columns: UPSTREAMINFO_BULK.findall -----------------------------------------------------

@@ -48,9 +48,10 @@ class FileParser:
         if not self.batches:
             return [(first + i + 1, line) for i, line in wanted_lines(block)]
         n = len(lines)
+        ascii = block.isascii()  # the C checks read ASCII lines only
         fin_idx: list[int] = []
         if '"event":"' in block:
-            fin_idx, other_idx = _engine_split(block, lines)
+            fin_idx, other_idx = _engine_split(block, lines, ascii)
         else:
             other_idx = list(range(n))
         slow: list[int] = []
@@ -65,13 +66,13 @@ class FileParser:
                 slow = list(fin_idx)
             else:
                 fin_lines = list(map(lines.__getitem__, fin_idx))
-                batch, misses = finished_batch(self.file, first + 1, fin_idx, fin_lines, shape)
+                batch, misses = finished_batch(self.file, first + 1, fin_idx, fin_lines, shape, ascii)
                 slow = [fin_idx[k] for k in misses]
                 if batch is not None:
                     batches.append(batch)
         if other_idx and '] "' in block and self._no_csv(first, lines):
             sub = lines if len(other_idx) == n else list(map(lines.__getitem__, other_idx))
-            cols = access_columns(sub)  # client, time, status (set where the row matched), ...
+            cols = access_columns(sub, ascii)  # client, time, status (set where the row matched), ...
             if first < 3 or "" in cols[2]:  # parse() reads lines 1-3 as a possible CSV header first
                 hit = [k for k, status in enumerate(cols[2]) if status and other_idx[k] >= 3 - first]
             else:
@@ -255,14 +256,15 @@ _CODES = "".join(_AT_19).encode()
 _SCHEDULED_SHORT = re.compile(re.escape(_SCHEDULED) + "," + _SHORT_QUEUE.pattern)
 
 
-def _engine_split(block: str, lines: list[str]) -> tuple[list[int], list[int]]:
+def _engine_split(block: str, lines: list[str], ascii: bool = False) -> tuple[list[int], list[int]]:
     """(request.finished candidates, the other lines wanted_lines keeps): indices into lines, in order.
 
     The common case, an engine log and nothing else, is settled by C-level maps and counts over the
     block's lines: each line's code (the character 19 after its first event key) names the key it
-    claims, and only the claims that decide a drop are checked (the bulk path checks a candidate's)."""
+    claims, and only the claims that decide a drop are checked (the bulk path checks a candidate's).
+    With ascii (every line is) the C check goes first."""
     speedups = batch_module.SPEEDUPS
-    if speedups is not None and (fin_idx := speedups.engine_split(lines)) is not None:
+    if ascii and speedups is not None and (fin_idx := speedups.engine_split(lines)) is not None:
         return fin_idx, []  # the common case checked in C
     at = list(map(str.find, lines, repeat('"event":"')))
     try:

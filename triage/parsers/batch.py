@@ -279,9 +279,10 @@ def converted(convert, texts: list[str]) -> list:
 
 
 def finished_batch(file: str, base: int, idx: list[int], lines: list[str], shape: FinishedShape,
-                   ) -> tuple[FinishedBatch | None, list[int]]:
-    """The lines shape matches as one batch, and the positions (in idx) of those it does not."""
-    if SPEEDUPS is not None:  # the matching lines' columns, in FINISHED_COLUMNS order
+                   ascii: bool = False) -> tuple[FinishedBatch | None, list[int]]:
+    """The lines shape matches as one batch, and the positions (in idx) of those it does not; ascii:
+    every line is ASCII (the C path reads only such lines: on others the regex runs)."""
+    if ascii and SPEEDUPS is not None:  # the matching lines' columns, in FINISHED_COLUMNS order
         cols, misses = SPEEDUPS.shape_rows(lines, shape.ops, _MAX_INT_DIGITS)
         if misses:
             missed = set(misses)
@@ -305,10 +306,10 @@ def finished_batch(file: str, base: int, idx: list[int], lines: list[str], shape
     return batch, misses
 
 
-def access_columns(lines: list[str]) -> list:
+def access_columns(lines: list[str], ascii: bool = False) -> list:
     """UPSTREAMINFO_BULK's columns (client, time, status, duration, addr, ...) over lines, "" in each
-    where a line does not match."""
-    if SPEEDUPS is not None:
+    where a line does not match; ascii: every line is ASCII (the C path reads only such lines)."""
+    if ascii and SPEEDUPS is not None:
         return SPEEDUPS.access_columns(lines)
     return list(zip(*access_rows("\n".join(lines) + "\n"), strict=True))
 

@@ -24,21 +24,6 @@
 #define LIT(s) s, (Py_ssize_t)(sizeof(s) - 1)
 #define IS_DIGIT(c) ((c) >= '0' && (c) <= '9')
 
-static const char *
-find(const char *s, Py_ssize_t n, const char *pat, Py_ssize_t m)
-{
-    const char *end, *p = s;
-    if (m > n)
-        return NULL;
-    end = s + n - m + 1;
-    while (p < end && (p = memchr(p, pat[0], end - p)) != NULL) {
-        if (memcmp(p, pat, m) == 0)
-            return p;
-        p++;
-    }
-    return NULL;
-}
-
 static int
 starts(const char *s, const char *end, const char *lit, Py_ssize_t m)
 {
@@ -78,14 +63,26 @@ short_queue(const char *p, const char *end)
     return p >= end || !(IS_DIGIT(*p) || *p == '.' || *p == 'e' || *p == 'E' || *p == '+' || *p == '-');
 }
 
-/* 1: dropped, 0: a request.finished candidate, -1: neither (the block is not the common case) */
+/* 1: dropped, 0: a request.finished candidate, -1: neither (the block is not the common case).
+ * One pass over the line's quotes finds what the Python checks find with str.find: a "prompt" key
+ * anywhere, the first event key, the first "queue_s" key and how many there are. */
 static int
 engine_line(const char *s, Py_ssize_t n)
 {
-    const char *end = s + n, *at, *queue;
-    if (n == 0 || s[0] != '{' || find(s, n, LIT("\"prompt\":")) != NULL)
+    const char *end = s + n, *at = NULL, *queue = NULL, *p;
+    int num_queues = 0;
+    if (n == 0 || s[0] != '{')
         return -1;
-    at = find(s, n, LIT("\"event\":\""));
+    for (p = s; p < end; p++) {
+        if (*p != '"' || end - p < 9)  /* each key below is 9 characters or more */
+            continue;
+        if (p[1] == 'p' && starts(p, end, LIT("\"prompt\":")))
+            return -1;
+        if (p[1] == 'e' && at == NULL && starts(p, end, LIT("\"event\":\"")))
+            at = p;
+        else if (p[1] == 'q' && starts(p, end, LIT("\"queue_s\":")) && num_queues++ == 0)
+            queue = p;
+    }
     if (at == NULL)
         return -1;
     if (starts(at, end, LIT(FINISHED)))
@@ -93,13 +90,10 @@ engine_line(const char *s, Py_ssize_t n)
     for (int k = 0; k < 3; k++)
         if (starts(at, end, SKIPPED[k], (Py_ssize_t)strlen(SKIPPED[k])))
             return 1;
-    if (!starts(at, end, LIT(SCHEDULED_QUEUE)))
+    /* a request.scheduled line whose only "queue_s" (the one _quick_number reads) follows its key */
+    if (!starts(at, end, LIT(SCHEDULED_QUEUE)) || num_queues != 1 || queue != at + sizeof(SCHEDULED_QUEUE) - 11)
         return -1;
-    /* the line's only "queue_s" (the one _quick_number reads) is this one, and it is short */
-    queue = at + sizeof(SCHEDULED_QUEUE) - 1;
-    if (find(s, n, LIT("\"queue_s\":")) != queue - 10 || find(queue, end - queue, LIT("\"queue_s\":")) != NULL)
-        return -1;
-    return short_queue(queue, end) ? 1 : -1;
+    return short_queue(queue + 10, end) ? 1 : -1;
 }
 
 static PyObject *

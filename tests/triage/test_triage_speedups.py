@@ -1,13 +1,17 @@
 """triage._speedups (C) against the Python paths it shortcuts: where it answers, the same answer."""
 
+import json
+import os
 import random
 import string
+import subprocess
+import sys
 from unittest import mock
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tests.triage.test_triage_bulk_paths import access_line
+from tests.triage.test_triage_bulk_paths import access_line, write_logs
 from tests.triage.test_triage_fast_paths import HEAD, PIECES
 from triage.parsers import _engine_split
 from triage.parsers import batch as batch_module
@@ -171,3 +175,18 @@ def test_access_columns_are_the_regex_columns(lines):
     for k, line in enumerate(lines):
         expected = [col[k] for col in reference] if line.isascii() else [""] * 5  # not ASCII: Python's
         assert [col[k] for col in columns] == expected, line
+
+
+def test_pure_python_switch_gives_the_same_report(tmp_path):
+    """LLMTRIAGE_PURE_PYTHON=1 turns the C checks off (to rule them out); the report does not change."""
+    write_logs(tmp_path, 3000, 8, 0.01)
+    argv = [sys.executable, "-m", "triage.cli", "diagnose", str(tmp_path), "--format", "json"]
+    env = {k: v for k, v in os.environ.items() if k != "LLMTRIAGE_PURE_PYTHON"}
+    probe = [sys.executable, "-c", "from triage.parsers.batch import SPEEDUPS; print(SPEEDUPS is None)"]
+    runs = {}
+    for pure in ("", "1"):
+        run_env = dict(env, LLMTRIAGE_PURE_PYTHON=pure) if pure else env
+        runs[pure] = subprocess.run(argv, capture_output=True, text=True, env=run_env, timeout=120)
+        assert subprocess.run(probe, capture_output=True, text=True, env=run_env).stdout.strip() == str(bool(pure))
+    assert runs[""].returncode == runs["1"].returncode == 1
+    assert runs[""].stdout == runs["1"].stdout and json.loads(runs[""].stdout)["findings"]

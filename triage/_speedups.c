@@ -5,17 +5,21 @@
  * ASCII strings, and every match is the deterministic parse its regex's one possible match takes (the
  * patterns never need backtracking: each optional part starts with a character its alternative
  * cannot take). tests/triage/test_triage_speedups.py checks them against the originals with
- * hypothesis; `triage.parsers.batch.SPEEDUPS` is None when the module was not built, and then the
- * Python paths run alone.
+ * hypothesis; `triage.speedups.C` is None when the module was not built (or its API number is not
+ * the one triage/speedups.py expects), and then the Python paths run alone.
  *
  *   engine_split(lines) -> list[int] | None
  *       parsers._engine_split's common case: every line an engine JSON line that wanted_lines drops
  *       except request.finished ones, whose indices it returns; None for any other block.
+ *   engine_block(block) -> (list[int], list[str]) | None
+ *       engine_split on the block before it is split into lines: the indices and the lines.
  *   shape_rows(lines, ops, max_int_digits) -> (columns, misses)
  *       FinishedShape.lines.findall: the five FINISHED_COLUMNS' texts for the lines the shape
  *       matches, and the positions of those it does not.
  *   access_columns(lines) -> [client, time, status, duration, addr]
  *       UPSTREAMINFO_BULK.findall's first five columns, "" in every column where a line does not match.
+ *   count_lines(text) -> int
+ *       text.count("\n"), by memchr (the reader counts every block's lines).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -38,6 +42,9 @@ ascii_line(PyObject *line, Py_ssize_t *n)
     *n = PyUnicode_GET_LENGTH(line);
     return (const char *)PyUnicode_DATA(line);
 }
+
+static int append_text(PyObject *list, const char *s, Py_ssize_t n);
+static int append_index(PyObject *list, Py_ssize_t i);
 
 /* ---- engine_split ---------------------------------------------------------------------------- */
 
@@ -126,6 +133,44 @@ engine_split(PyObject *self, PyObject *lines)
         }
     }
     return out;
+}
+
+/* engine_split on a whole block (lines ending in "\n"), without splitting it: (the request.finished
+ * candidates' indices, their lines), or None */
+static PyObject *
+engine_block(PyObject *self, PyObject *block)
+{
+    PyObject *fin_idx, *fin_lines;
+    const char *s, *end, *p;
+    Py_ssize_t n = 0, i = 0;
+    if (!PyUnicode_Check(block)) {
+        PyErr_SetString(PyExc_TypeError, "engine_block: block must be a str");
+        return NULL;
+    }
+    if ((s = ascii_line(block, &n)) == NULL || (n > 0 && s[n - 1] != '\n'))
+        Py_RETURN_NONE;
+    fin_idx = PyList_New(0);
+    fin_lines = PyList_New(0);
+    if (fin_idx == NULL || fin_lines == NULL)
+        goto fail;
+    for (p = s, end = s + n; p < end; p++, i++) {
+        const char *line = p;
+        int kind;
+        p = memchr(p, '\n', end - p);  /* not NULL: the block ends in "\n" */
+        kind = engine_line(line, p - line);
+        if (kind < 0) {
+            Py_DECREF(fin_idx);
+            Py_DECREF(fin_lines);
+            Py_RETURN_NONE;
+        }
+        if (kind == 0 && (append_index(fin_idx, i) < 0 || append_text(fin_lines, line, p - line) < 0))
+            goto fail;
+    }
+    return Py_BuildValue("(NN)", fin_idx, fin_lines);
+fail:
+    Py_XDECREF(fin_idx);
+    Py_XDECREF(fin_lines);
+    return NULL;
 }
 
 /* ---- shape_rows ------------------------------------------------------------------------------ */
@@ -540,20 +585,52 @@ access_columns(PyObject *self, PyObject *lines)
     return columns;
 }
 
+/* ---- count_lines ----------------------------------------------------------------------------- */
+
+static PyObject *
+count_lines(PyObject *self, PyObject *text)
+{
+    Py_ssize_t n, count = 0;
+    int kind;
+    const void *data;
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "count_lines: text must be a str");
+        return NULL;
+    }
+    n = PyUnicode_GET_LENGTH(text);
+    kind = PyUnicode_KIND(text);
+    data = PyUnicode_DATA(text);
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const char *p = data, *end = p + n;
+        while (p < end && (p = memchr(p, '\n', end - p)) != NULL) {
+            count++;
+            p++;
+        }
+    }
+    else {
+        for (Py_ssize_t i = 0; i < n; i++)
+            count += PyUnicode_READ(kind, data, i) == '\n';
+    }
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"engine_split", engine_split, METH_O, "parsers._engine_split's common case: the request.finished "
      "candidates' indices when every other line is dropped, else None."},
+    {"engine_block", engine_block, METH_O, "engine_split on a whole block, unsplit: (the request.finished "
+     "candidates' indices, their lines), or None."},
     {"shape_rows", shape_rows, METH_VARARGS, "FinishedShape.lines.findall as (the five columns' texts of "
      "matching lines, positions of the other lines)."},
     {"access_columns", access_columns, METH_O, "UPSTREAMINFO_BULK.findall's first five columns, \"\" where "
      "a line does not match."},
+    {"count_lines", count_lines, METH_O, "text.count(\"\\n\")"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "triage._speedups", NULL, -1, methods};
 
 /* batch.py uses the module only when API is the number it expects (a stale build is left alone) */
-#define API 1
+#define API 2
 
 PyMODINIT_FUNC
 PyInit__speedups(void)

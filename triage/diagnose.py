@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from triage.model import Event, Finding
 from triage.parsers import FileParser
 from triage.parsers.batch import Batch
-from triage.reader import Notes, iter_files, read_split_blocks
+from triage.reader import Notes, iter_files, read_blocks
 from triage.rules import Facts, Rule, all_rules
 
 PROM_MARGIN = timedelta(minutes=2)
@@ -101,8 +101,8 @@ def rank(findings: list[Finding]) -> list[Finding]:
 def _read_file(path, notes: Notes, dispatcher: Dispatcher, batches: bool = True) -> None:
     parser = FileParser(str(path), batches)
     parse, feed, feed_batch = parser.parse, dispatcher.feed, dispatcher.feed_batch
-    for first, block, lines in read_split_blocks(path, notes):
-        for item in parser.split_block(first, block, lines):
+    for first, block in read_blocks(path, notes):
+        for item in parser.split_block(first, block):
             if type(item) is not tuple:
                 feed_batch(item)
                 continue

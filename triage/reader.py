@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from triage.speedups import C as _C
+
 MAX_LINE_BYTES = 1 << 20  # longer lines are cut here (characters once decoded) (a single-huge-line file keeps memory flat)
 SNIFF_BYTES = 8192
 BLOCK_BYTES = 1 << 18  # read and split at a time: big enough for C to do the work, small for flat memory
@@ -87,15 +89,23 @@ def read_lines(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
         yield from enumerate(lines, first + 1)
 
 
-def read_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
-    """(number of lines before the block, block): runs of whole lines, each ending in "\n" (a "\r\n" or
-    lone "\r" ending becomes "\n"), about BLOCK_BYTES at a time; never raises for bad content."""
-    for first, block, _ in read_split_blocks(path, notes):
-        yield first, block
+def count_lines(text: str) -> int:
+    """text.count("\\n"), in C where built (str.count reads one character at a time)."""
+    return text.count("\n") if _C is None else _C.count_lines(text)
 
 
 def read_split_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str, list[str]]]:
     """read_blocks' (first, block) with the block's lines (block.split("\n") less the empty last)."""
+    for first, block in read_blocks(path, notes):
+        lines = block.split("\n")
+        lines.pop()
+        yield first, block, lines
+
+
+def read_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
+    """(number of lines before the block, block): runs of whole lines, each ending in "\n" (a "\r\n" or
+    lone "\r" ending becomes "\n"), about BLOCK_BYTES at a time; never raises for bad content. Blocks are
+    not split into lines here: the bulk paths read most of an engine log's blocks without splitting."""
     handle = _open_binary(path, notes)
     if handle is None:
         return
@@ -106,7 +116,7 @@ def read_split_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str, list
         notes.num_files_read += 1
         if encoding == "utf-16":
             for lineno, line in _read_utf16(handle, path, notes):
-                yield lineno - 1, line + "\n", [line]
+                yield lineno - 1, line + "\n"
             return
         yield from _read_utf8(handle, path, notes)
 
@@ -129,7 +139,7 @@ def _cut_long_lines(block: str) -> tuple[str, bool]:
     return "\n".join(line[:MAX_LINE_BYTES] for line in lines), True
 
 
-def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str, list[str]]]:
+def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
     """Binary blocks decoded in C; undecodable bytes become U+FFFD and are noted once."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     lineno = 0
@@ -141,10 +151,8 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str, lis
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
             block, _ = _whole_lines(carry, False)
             if block:
-                lines = block.split("\n")
-                lines.pop()
-                yield lineno, block, lines
-                lineno += len(lines)
+                yield lineno, block
+                lineno += count_lines(block)
             notes.add(f"{path}: truncated or corrupt after line {lineno} ({exc or 'unexpected end'})")
             break
         final = not raw
@@ -167,10 +175,8 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str, lis
         if block:
             if "\ufffd" in block:
                 bad_encoding = True
-            lines = block.split("\n")
-            lines.pop()
-            yield lineno, block, lines
-            lineno += len(lines)
+            yield lineno, block
+            lineno += count_lines(block)
         if final:
             break
     notes.num_lines_read += lineno

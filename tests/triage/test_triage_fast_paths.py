@@ -90,9 +90,10 @@ def test_split_block_gives_the_per_line_events(lines, first):
     """Bulk and per-line split of one block (engine lines among odd ones) make the same events in order."""
     block = "\n".join(lines) + "\n"
     lines = block.split("\n")[:-1]  # a "\r" junk piece stays inside its line, as the reader leaves none
-    bulk, per_line = FileParser("x.log"), FileParser("x.log", batches=False)
-    assert _events(bulk.split_block(first, block, lines), bulk) == _events(
-        per_line.split_block(first, block, lines), per_line)
+    bulk, per_line, unsplit = FileParser("x.log"), FileParser("x.log", batches=False), FileParser("x.log")
+    expected = _events(per_line.split_block(first, block, lines), per_line)
+    assert _events(bulk.split_block(first, block, lines), bulk) == expected
+    assert _events(unsplit.split_block(first, block), unsplit) == expected  # as _read_file calls it
 
 
 SCHEDULED = HEAD + '"event":"request.scheduled","queue_s":0.002,"cached_tokens":0}'
@@ -138,7 +139,8 @@ ENGINE_BLOCK = [line for line in ENGINE_SEEDS if line.startswith("{") and "2.5" 
 def test_split_block_on_engine_blocks_with_one_odd_line(odd, num_events):
     lines = ENGINE_BLOCK[:4] + ([odd] if odd else []) + ENGINE_BLOCK[4:]
     block = "\n".join(lines) + "\n"
-    bulk, per_line = FileParser("x.log"), FileParser("x.log", batches=False)
+    bulk, per_line, unsplit = FileParser("x.log"), FileParser("x.log", batches=False), FileParser("x.log")
     expected = _events(per_line.split_block(7, block, lines), per_line)
     assert _events(bulk.split_block(7, block, lines), bulk) == expected
+    assert _events(unsplit.split_block(7, block), unsplit) == expected
     assert len(expected) == num_events

@@ -60,6 +60,22 @@ def test_engine_split_answers_as_python(lines):
         assert python_engine_split(lines) == (fin_idx, [])
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(engine_block_line(), min_size=0, max_size=10))
+def test_engine_block_is_engine_split_before_the_split(lines):
+    block = "".join(line + "\n" for line in lines)
+    split = SPEEDUPS.engine_split(lines)
+    assert SPEEDUPS.engine_block(block) == (None if split is None else (split, [lines[i] for i in split]))
+    if block:
+        assert SPEEDUPS.engine_block(block[:-1]) is None  # the last line not whole: the Python split reads it
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(["\n", "a", "\r", "\u00e9", "\u0663", "\U0001f600", " "]), max_size=80))
+def test_count_lines_is_str_count(text):
+    assert SPEEDUPS.count_lines(text) == text.count("\n")
+
+
 def test_engine_split_takes_the_engine_layout():
     rng = random.Random(3)
     lines = [rng.choice([*DROPPED, FINISHED]) for _ in range(500)]
@@ -67,9 +83,13 @@ def test_engine_split_takes_the_engine_layout():
     assert SPEEDUPS.engine_split(lines) == expected == python_engine_split(lines)[0]
     for q in ("0", "-0.25", "0.", "0.000"):
         assert SPEEDUPS.engine_split([DROPPED[1].replace("0.002", q)]) == []
+    block = "\n".join(lines) + "\n"
+    assert SPEEDUPS.engine_block(block) == (expected, [FINISHED] * len(expected))
+    assert SPEEDUPS.engine_block(block[:-1]) is None  # not whole lines
     for odd in (DROPPED[1].replace("0.002", "1.5"), DROPPED[1].replace("0.002", "0.5e3"), '{"event":"x"}',
                 DROPPED[0].replace("prompt_tokens", "prompt"), " " + DROPPED[0], "", "[]", DROPPED[0] + "\u00e9"):
         assert SPEEDUPS.engine_split([*lines, odd]) is None, odd  # read line by line in Python
+        assert SPEEDUPS.engine_block(block + odd + "\n") is None, odd
 
 
 # ---- shape_rows: FinishedShape.lines.findall -------------------------------------------------------

@@ -40,36 +40,30 @@ class FileParser:
         self.batches = batches  # False: every wanted line through parse() (the reference the bulk paths match)
         self.shape: FinishedShape | None = None
 
-    def split_block(self, first: int, block: str, lines: list[str]) -> list:
-        """A block of read_split_blocks as runs in line order: a Batch for lines the bulk paths read,
+    def split_block(self, first: int, block: str, lines: list[str] | None = None) -> list:
+        """A block of read_blocks as runs in line order: a Batch for lines the bulk paths read,
         (line number, line) for each line to parse(); lines no rule reads (wanted_lines') are left out.
+        lines: the block's lines when split already (block.split("\n") less the empty last).
 
         Bulk lines change none of the parser's state, so parse() sees what it would have seen."""
         if not self.batches:
             return [(first + i + 1, line) for i, line in wanted_lines(block)]
-        n = len(lines)
         ascii = block.isascii()  # the C checks read ASCII lines only
+        speedups = batch_module.SPEEDUPS
+        if lines is None and ascii and speedups is not None and (found := speedups.engine_block(block)):
+            fin_idx, fin_lines = found  # the common case, checked in C before splitting the block
+            slow, batches = self._finished(first, fin_idx, fin_lines, ascii)
+            return _runs(batches, slow, dict(zip(fin_idx, fin_lines, strict=True)) if slow else {}, first)
+        if lines is None:
+            lines = block.split("\n")
+            lines.pop()
+        n = len(lines)
         fin_idx: list[int] = []
         if '"event":"' in block:
             fin_idx, other_idx = _engine_split(block, lines, ascii)
         else:
             other_idx = list(range(n))
-        slow: list[int] = []
-        batches: list[Batch] = []
-        if fin_idx:
-            shape = self.shape
-            head = lines[fin_idx[0]]
-            if shape is None or not shape.regex.fullmatch(head):
-                shape = FinishedShape.learn(head) or shape
-                self.shape = shape
-            if shape is None:
-                slow = list(fin_idx)
-            else:
-                fin_lines = list(map(lines.__getitem__, fin_idx))
-                batch, misses = finished_batch(self.file, first + 1, fin_idx, fin_lines, shape, ascii)
-                slow = [fin_idx[k] for k in misses]
-                if batch is not None:
-                    batches.append(batch)
+        slow, batches = self._finished(first, fin_idx, list(map(lines.__getitem__, fin_idx)), ascii)
         if other_idx and '] "' in block and self._no_csv(first, lines):
             sub = lines if len(other_idx) == n else list(map(lines.__getitem__, other_idx))
             cols = access_columns(sub, ascii)  # client, time, status (set where the row matched), ...
@@ -87,9 +81,22 @@ class FileParser:
                 batches.append(access_batch(self.file, first + 1, other_idx, sub, cols))
                 other_idx = []
         slow += other_idx
-        if not batches:
-            return [(first + i + 1, lines[i]) for i in sorted(slow)]
-        return _in_order(batches, sorted(slow), lines, first)
+        return _runs(batches, slow, lines, first)
+
+    def _finished(self, first: int, fin_idx: list[int], fin_lines: list[str], ascii: bool,
+                  ) -> tuple[list[int], list[Batch]]:
+        """request.finished candidates (block indices, lines) as (indices left to parse(), batches)."""
+        if not fin_idx:
+            return [], []
+        shape = self.shape
+        head = fin_lines[0]
+        if shape is None or not shape.regex.fullmatch(head):
+            shape = FinishedShape.learn(head) or shape
+            self.shape = shape
+        if shape is None:
+            return list(fin_idx), []
+        batch, misses = finished_batch(self.file, first + 1, fin_idx, fin_lines, shape, ascii)
+        return [fin_idx[k] for k in misses], [] if batch is None else [batch]
 
     def _no_csv(self, first: int, lines: list[str]) -> bool:
         """Whether parse() will read no line after the first three as CSV (a header is one of them)."""
@@ -320,7 +327,15 @@ def _all_short_queues(lines: list[str], at: Iterable[int]) -> bool:
         _SCHEDULED_SHORT.match, lines, at)
 
 
-def _in_order(batches: list[Batch], slow: list[int], lines: list[str], first: int) -> list:
+def _runs(batches: list[Batch], slow: list[int], lines, first: int) -> list:
+    """Batches and slow lines (indices, any order; lines[i] their text) in line order."""
+    slow.sort()
+    if not batches:
+        return [(first + i + 1, lines[i]) for i in slow]
+    return _in_order(batches, slow, lines, first)
+
+
+def _in_order(batches: list[Batch], slow: list[int], lines, first: int) -> list:
     """Batches and slow lines (sorted indices) merged into line order, batches cut where needed."""
     if len(batches) == 1:
         batch, out, lo = batches[0], [], 0

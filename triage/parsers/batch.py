@@ -10,7 +10,6 @@ the few lines a rule keeps as evidence or samples.
 """
 
 import json
-import os
 import re
 import sys
 from itertools import compress, repeat
@@ -18,15 +17,8 @@ from operator import getitem, ne
 
 from triage.model import Event
 from triage.parsers import engine_json, gateways
+from triage.speedups import C as SPEEDUPS  # the per-line checks in C, or None (tests set it None)
 from triage.timeparse import parse_clf, parse_iso
-
-SPEEDUPS_API = 1  # the interface of triage/_speedups.c this module calls
-try:  # the per-line checks in C (triage/_speedups.c), built by `pip install`; optional
-    from triage import _speedups as SPEEDUPS
-except ImportError:
-    SPEEDUPS = None
-if os.environ.get("LLMTRIAGE_PURE_PYTHON") or getattr(SPEEDUPS, "API", None) != SPEEDUPS_API:
-    SPEEDUPS = None  # asked for the reference paths alone, or a build older than this module
 
 _STR = r'"[^"\\\x00-\x1f]*"'  # a JSON string without escapes: its text is its value
 # (An optional part is written (?:X|), not (?:X)?: the same greedy match, and sre runs a branch faster

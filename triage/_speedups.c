@@ -22,6 +22,7 @@
  *       text.count("\n"), by memchr (the reader counts every block's lines).
  */
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE  /* memmem */
 #include <Python.h>
 #include <string.h>
 
@@ -70,27 +71,16 @@ short_queue(const char *p, const char *end)
     return p >= end || !(IS_DIGIT(*p) || *p == '.' || *p == 'e' || *p == 'E' || *p == '+' || *p == '-');
 }
 
-/* 1: dropped, 0: a request.finished candidate, -1: neither (the block is not the common case).
- * One pass over the line's quotes finds what the Python checks find with str.find: a "prompt" key
- * anywhere, the first event key, the first "queue_s" key and how many there are. */
+#define PROMPT_KEY "\"prompt\":"
+#define QUEUE_KEY "\"queue_s\":"
+
+/* 1: dropped, 0: a request.finished candidate, -1: neither (the block is not the common case), for a
+ * line without a "prompt" key (the callers check that: a line that logs a prompt is kept whole) */
 static int
 engine_line(const char *s, Py_ssize_t n)
 {
-    const char *end = s + n, *at = NULL, *queue = NULL, *p;
-    int num_queues = 0;
-    if (n == 0 || s[0] != '{')
-        return -1;
-    for (p = s; p < end; p++) {
-        if (*p != '"' || end - p < 9)  /* each key below is 9 characters or more */
-            continue;
-        if (p[1] == 'p' && starts(p, end, LIT("\"prompt\":")))
-            return -1;
-        if (p[1] == 'e' && at == NULL && starts(p, end, LIT("\"event\":\"")))
-            at = p;
-        else if (p[1] == 'q' && starts(p, end, LIT("\"queue_s\":")) && num_queues++ == 0)
-            queue = p;
-    }
-    if (at == NULL)
+    const char *end = s + n, *at, *queue;
+    if (n == 0 || s[0] != '{' || (at = memmem(s, n, LIT("\"event\":\""))) == NULL)
         return -1;
     if (starts(at, end, LIT(FINISHED)))
         return 0;
@@ -98,7 +88,10 @@ engine_line(const char *s, Py_ssize_t n)
         if (starts(at, end, SKIPPED[k], (Py_ssize_t)strlen(SKIPPED[k])))
             return 1;
     /* a request.scheduled line whose only "queue_s" (the one _quick_number reads) follows its key */
-    if (!starts(at, end, LIT(SCHEDULED_QUEUE)) || num_queues != 1 || queue != at + sizeof(SCHEDULED_QUEUE) - 11)
+    if (!starts(at, end, LIT(SCHEDULED_QUEUE)))
+        return -1;
+    queue = at + sizeof(SCHEDULED_QUEUE) - 1 - 10;
+    if (memmem(s, n, LIT(QUEUE_KEY)) != queue || memmem(queue + 10, end - queue - 10, LIT(QUEUE_KEY)) != NULL)
         return -1;
     return short_queue(queue + 10, end) ? 1 : -1;
 }
@@ -117,7 +110,7 @@ engine_split(PyObject *self, PyObject *lines)
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lines); i++) {
         Py_ssize_t n = 0;
         const char *s = ascii_line(PyList_GET_ITEM(lines, i), &n);
-        int kind = s == NULL ? -1 : engine_line(s, n);
+        int kind = s == NULL || memmem(s, n, LIT(PROMPT_KEY)) != NULL ? -1 : engine_line(s, n);
         if (kind < 0) {
             Py_DECREF(out);
             Py_RETURN_NONE;
@@ -147,8 +140,8 @@ engine_block(PyObject *self, PyObject *block)
         PyErr_SetString(PyExc_TypeError, "engine_block: block must be a str");
         return NULL;
     }
-    if ((s = ascii_line(block, &n)) == NULL || (n > 0 && s[n - 1] != '\n'))
-        Py_RETURN_NONE;
+    if ((s = ascii_line(block, &n)) == NULL || (n > 0 && s[n - 1] != '\n') || memmem(s, n, LIT(PROMPT_KEY)))
+        Py_RETURN_NONE;  /* not whole ASCII lines, or a prompt logged: the Python split reads it */
     fin_idx = PyList_New(0);
     fin_lines = PyList_New(0);
     if (fin_idx == NULL || fin_lines == NULL)

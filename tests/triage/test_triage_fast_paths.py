@@ -144,3 +144,12 @@ def test_split_block_on_engine_blocks_with_one_odd_line(odd, num_events):
     assert _events(bulk.split_block(7, block, lines), bulk) == expected
     assert _events(unsplit.split_block(7, block), unsplit) == expected
     assert len(expected) == num_events
+
+
+@pytest.mark.parametrize("urt", [".0.911", "1.2.3", "."])
+def test_upstreaminfo_line_with_an_unreadable_upstream_time(urt):
+    """float() cannot read it: still the access event (no upstream time), never a skipped line."""
+    line = ENGINE_SEEDS[-1].replace(" 0.911 ", f" {urt} ")
+    events = FileParser("a.log").parse(10, line)
+    assert [(e.kind, e.fields["status"], e.fields["duration_s"], e.fields.get("upstream_s")) for e in events] == [
+        ("http.access", 200, 0.912, None)]

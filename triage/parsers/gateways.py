@@ -24,8 +24,10 @@ _UVICORN = re.compile(
     r'^(?:\(\w+ pid=\d+\) )?INFO:\s+(?P<client>[\d.:\[\]a-f]+) - "(?P<request>[^"]*)" (?P<status>\d{3})')
 _TAIL_KV = re.compile(r'(\w+)=("[^"]*"|\S+)')
 # ingress-nginx `upstreaminfo` after the user agent: request_length request_time [name] [alt] addr len time status id
+# (the times as float() reads them: "1.2.3" or "." is no upstreaminfo line)
 _UPSTREAMINFO = re.compile(
-    r"^ \d+ (?P<rt>[\d.]+) \[[^\]]*\] \[[^\]]*\] (?P<addr>\S+) \S+ (?P<urt>[\d.]+|-) (?P<us>\S+)(?: (?P<rid>\S+))?$")
+    r"^ \d+ (?P<rt>\d+\.?\d*|\.\d+) \[[^\]]*\] \[[^\]]*\] (?P<addr>\S+) \S+ (?P<urt>\d+\.?\d*|\.\d+|-) (?P<us>\S+)"
+    r"(?: (?P<rid>\S+))?$")
 # The whole ingress-nginx upstreaminfo line in one match: the common case of a large access log.
 NGINX_UPSTREAMINFO = re.compile(_NGINX_ACCESS.pattern[:-len("(?P<tail>.*)$")] + _UPSTREAMINFO.pattern[1:])
 _ADDR = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:]+\]|[\w.-]+):\d+$")

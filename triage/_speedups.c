@@ -14,8 +14,9 @@
  *   engine_block(block) -> (list[int], list[str]) | None
  *       engine_split on the block before it is split into lines: the indices and the lines.
  *   shape_rows(lines, ops, max_int_digits) -> (columns, misses)
- *       FinishedShape.lines.findall: the five FINISHED_COLUMNS' texts for the lines the shape
- *       matches, and the positions of those it does not.
+ *       FinishedShape.lines.findall: the five FINISHED_COLUMNS for the lines the shape matches (the
+ *       token counts as int(text), ttft_s as float(text), the others as texts), and the positions of
+ *       the lines it does not match.
  *   access_columns(lines) -> [client, time, status, duration, addr]
  *       UPSTREAMINFO_BULK.findall's first five columns, "" in every column where a line does not match.
  *   count_lines(text) -> int
@@ -46,6 +47,7 @@ ascii_line(PyObject *line, Py_ssize_t *n)
 
 static int append_text(PyObject *list, const char *s, Py_ssize_t n);
 static int append_index(PyObject *list, Py_ssize_t i);
+static int append_value(PyObject *list, int kind, const char *s, Py_ssize_t n);
 
 /* ---- engine_split ---------------------------------------------------------------------------- */
 
@@ -381,10 +383,14 @@ shape_rows(PyObject *self, PyObject *args)
     PyObject *lines, *ops_seq, *columns = NULL, *misses = NULL, *cols[NUM_COLUMNS] = {NULL};
     Py_ssize_t max_digits, num_ops;
     Op ops[MAX_OPS];
+    int kinds[NUM_COLUMNS];
     if (!PyArg_ParseTuple(args, "O!On:shape_rows", &PyList_Type, &lines, &ops_seq, &max_digits))
         return NULL;
     if (read_ops(ops_seq, ops, &num_ops) < 0)
         return NULL;
+    for (Py_ssize_t k = 0; k < num_ops; k++)
+        if (ops[k].column >= 0)
+            kinds[ops[k].column] = ops[k].kind;
     columns = PyList_New(NUM_COLUMNS);
     misses = PyList_New(0);
     if (columns == NULL || misses == NULL)
@@ -424,7 +430,7 @@ shape_rows(PyObject *self, PyObject *args)
             continue;
         }
         for (c = 0; c < NUM_COLUMNS; c++)
-            if (append_text(cols[c], v0[c], v1[c] - v0[c]) < 0)
+            if (append_value(cols[c], kinds[c], v0[c], v1[c] - v0[c]) < 0)
                 goto fail;
     }
     return Py_BuildValue("(NN)", columns, misses);
@@ -432,6 +438,37 @@ fail:
     Py_XDECREF(columns);
     Py_XDECREF(misses);
     return NULL;
+}
+
+/* a column's value: int(text) for K_INT, float(text) for K_FLOAT (the same parsers int() and float()
+ * call), else the text */
+static int
+append_value(PyObject *list, int kind, const char *s, Py_ssize_t n)
+{
+    char small[64], *buf;
+    PyObject *value;
+    int rc;
+    if (kind != K_INT && kind != K_FLOAT)
+        return append_text(list, s, n);
+    buf = n < (Py_ssize_t)sizeof(small) ? small : PyMem_Malloc(n + 1);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    if (kind == K_INT) {
+        value = PyLong_FromString(buf, NULL, 10);
+    }
+    else {
+        double d = PyOS_string_to_double(buf, NULL, NULL);  /* overflow: +-inf, as float() */
+        value = d == -1.0 && PyErr_Occurred() ? NULL : PyFloat_FromDouble(d);
+    }
+    if (buf != small)
+        PyMem_Free(buf);
+    rc = value == NULL ? -1 : PyList_Append(list, value);
+    Py_XDECREF(value);
+    return rc;
 }
 
 /* ---- access_columns -------------------------------------------------------------------------- */
@@ -623,7 +660,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "triage._speedups", NULL, -1, methods};
 
 /* batch.py uses the module only when API is the number it expects (a stale build is left alone) */
-#define API 2
+#define API 3
 
 PyMODINIT_FUNC
 PyInit__speedups(void)

@@ -121,8 +121,10 @@ def finished_lines(draw, sample):
 
 
 def regex_rows(shape, lines):
+    """The shape regex's rows as shape_rows gives them: token counts int(text), ttft_s float(text)."""
     rows = shape.lines.findall("\n".join(lines))
-    cols = [[row[c] for row in rows if row[shape.columns[0]]] for c in shape.columns]
+    ts, prompt, cached, ttft, fps = ([row[c] for row in rows if row[shape.columns[0]]] for c in shape.columns)
+    cols = [ts, list(map(int, prompt)), list(map(int, cached)), list(map(float, ttft)), fps]
     return cols, [k for k, row in enumerate(rows) if not row[shape.columns[0]]]
 
 
@@ -156,7 +158,7 @@ def test_shape_rows_on_crafted_lines():
     cols, misses = SPEEDUPS.shape_rows(variants, shape.ops, limit)
     assert (cols, misses) == regex_rows(shape, variants)
     assert misses == [2, 3, 6, 8, 10, 11, 13, 14, 15, 17, 18]  # variant 5, -0e1, is the float -0.0 to both
-    assert cols[0][0] == "2026-11-29T19:00:01.000Z" and cols[4][0] == '"a,b","c",""' and cols[3][2:4] == ["-0.0", "-0e1"]
+    assert cols[0][0] == "2026-11-29T19:00:01.000Z" and cols[4][0] == '"a,b","c",""' and list(map(repr, cols[3][2:4])) == ["-0.0", "-0.0"]
 
 
 def test_finished_batch_takes_the_c_path_for_ascii_lines_only():

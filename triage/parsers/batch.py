@@ -275,7 +275,7 @@ def finished_batch(file: str, base: int, idx: list[int], lines: list[str], shape
                    ascii: bool = False) -> tuple[FinishedBatch | None, list[int]]:
     """The lines shape matches as one batch, and the positions (in idx) of those it does not; ascii:
     every line is ASCII (the C path reads only such lines: on others the regex runs)."""
-    if ascii and SPEEDUPS is not None:  # the matching lines' columns, in FINISHED_COLUMNS order
+    if ascii and SPEEDUPS is not None:  # the matching lines' columns, token counts and ttft_s made in C
         cols, misses = SPEEDUPS.shape_rows(lines, shape.ops, _MAX_INT_DIGITS)
         if misses:
             missed = set(misses)
@@ -283,20 +283,17 @@ def finished_batch(file: str, base: int, idx: list[int], lines: list[str], shape
     else:
         rows = shape.lines.findall("\n".join(lines))  # one row a line: no line is empty
         cols = list(zip(*rows, strict=True))
-        cols = [cols[c] for c in shape.columns]
-        ts = cols[0]
+        ts = cols[shape.columns[0]]
         misses = [k for k, text in enumerate(ts) if not text] if "" in ts else []
-        if misses:
-            keep = [k for k, text in enumerate(ts) if text]
-            cols = [[col[k] for k in keep] for col in cols]
+        keep = [k for k, text in enumerate(ts) if text] if misses else range(len(lines))
+        ts, prompt, cached, ttft, raw_fps = ([col[k] for k in keep] if misses else col
+                                             for col in (cols[c] for c in shape.columns))
+        cols = [ts, converted(int, prompt), converted(int, cached), converted(float, ttft), raw_fps]
     if misses:
         if not keep:
             return None, misses
         idx, lines = [idx[k] for k in keep], [lines[k] for k in keep]
-    ts, prompt, cached, ttft, raw_fps = cols
-    batch = FinishedBatch(file, base, idx, lines, ts, converted(int, prompt), converted(int, cached),
-                          converted(float, ttft), raw_fps)
-    return batch, misses
+    return FinishedBatch(file, base, idx, lines, *cols), misses
 
 
 def access_columns(lines: list[str], ascii: bool = False) -> list:

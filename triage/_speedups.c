@@ -25,6 +25,7 @@
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE  /* memmem */
 #include <Python.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define LIT(s) s, (Py_ssize_t)(sizeof(s) - 1)
@@ -440,8 +441,8 @@ fail:
     return NULL;
 }
 
-/* a column's value: int(text) for K_INT, float(text) for K_FLOAT (the same parsers int() and float()
- * call), else the text */
+/* a column's value: int(text) for K_INT, float(text) for K_FLOAT (by the parser float() calls), else
+ * the text */
 static int
 append_value(PyObject *list, int kind, const char *s, Py_ssize_t n)
 {
@@ -457,8 +458,8 @@ append_value(PyObject *list, int kind, const char *s, Py_ssize_t n)
     }
     memcpy(buf, s, n);
     buf[n] = '\0';
-    if (kind == K_INT) {
-        value = PyLong_FromString(buf, NULL, 10);
+    if (kind == K_INT) {  /* -?(?:0|[1-9][0-9]{0,17}): at most 18 digits, exact in a long long */
+        value = PyLong_FromLongLong(strtoll(buf, NULL, 10));
     }
     else {
         double d = PyOS_string_to_double(buf, NULL, NULL);  /* overflow: +-inf, as float() */

@@ -171,7 +171,7 @@ fail:
 
 /* ---- shape_rows ------------------------------------------------------------------------------ */
 
-/* FinishedShape's value patterns, by the kind numbers batch.py's SHAPE_KINDS gives them */
+/* FinishedShape's value patterns, numbered as batch.py's K_NONE ... K_LIST */
 enum { K_NONE, K_TS, K_INT, K_FLOAT, K_NUM, K_BOOL, K_STR, K_STR_NOT, K_LIST };
 #define MAX_OPS 256
 #define NUM_COLUMNS 5

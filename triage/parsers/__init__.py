@@ -49,8 +49,8 @@ class FileParser:
         if not self.batches:
             return [(first + i + 1, line) for i, line in wanted_lines(block)]
         ascii = block.isascii()  # the C checks read ASCII lines only
-        speedups = batch_module.SPEEDUPS
-        if lines is None and ascii and speedups is not None and (found := speedups.engine_block(block)):
+        in_c = lines is None and ascii and batch_module.SPEEDUPS is not None
+        if in_c and (found := batch_module.SPEEDUPS.engine_block(block)):
             fin_idx, fin_lines = found  # the common case, checked in C before splitting the block
             slow, batches = self._finished(first, fin_idx, fin_lines, ascii)
             return _runs(batches, slow, dict(zip(fin_idx, fin_lines, strict=True)) if slow else {}, first)
@@ -59,8 +59,8 @@ class FileParser:
             lines.pop()
         n = len(lines)
         fin_idx: list[int] = []
-        if '"event":"' in block:
-            fin_idx, other_idx = _engine_split(block, lines, ascii)
+        if '"event":"' in block:  # (engine_split in C says no where engine_block did)
+            fin_idx, other_idx = _engine_split(block, lines, ascii and not in_c)
         else:
             other_idx = list(range(n))
         slow, batches = self._finished(first, fin_idx, list(map(lines.__getitem__, fin_idx)), ascii)

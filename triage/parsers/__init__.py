@@ -137,8 +137,8 @@ class FileParser:
             extra = self._signature_events(ev.ts, _message_of(obj), ev.source, lineno, line) if ev.kind in (
                 "engine.error", "request.rejected") else []
             return [ev, *extra]
-        inner = obj.get("log") or obj.get("msg") or obj.get("message")
-        if isinstance(inner, str):  # docker / k8s JSON wrapping, structured app logs
+        inner = obj.get("log") or obj.get("msg") or obj.get("message") or _error_message(obj.get("error"))
+        if isinstance(inner, str):  # docker / k8s JSON wrapping, structured app logs, API error bodies
             events = self._text(lineno, inner.rstrip("\n"))
             ts = obj.get("time") or obj.get("ts") or obj.get("timestamp")
             for e in events:
@@ -389,6 +389,13 @@ def _quick_number(line: str, key: str) -> float:
 
 def head_nginx_error(line: str) -> bool:
     return line[:1].isdigit() and line[4:5] == "/" and line[7:8] == "/"
+
+
+def _error_message(error) -> str | None:
+    """The text of an API error body's "error": OpenAI's and llama.cpp's {"message": ...}, TGI's plain string."""
+    if isinstance(error, dict):
+        error = error.get("message")
+    return error if isinstance(error, str) else None
 
 
 def _message_of(obj: dict) -> str:

@@ -97,7 +97,7 @@ class LoadRule(Rule):
             self.preempt.add(ev, "stats.kv_usage_high", False)
         waiting = f.get("waiting") or 0
         self.max_waiting = max(self.max_waiting, waiting)
-        if waiting >= 4 and waiting >= (f.get("running") or 0):
+        if waiting >= 4:
             self.num_waiting_obs += 1
             self.queue.add(ev, "stats.waiting", False)
 

@@ -65,14 +65,16 @@ _SGL_STATS = (
 )
 # Checked in this order: "Loading weights took" is a finished load, not a starting one.
 _PHASES = (
-    ("phase.weights_loaded", ("Model loading took", "weights took", "model weights loaded")),
+    ("phase.weights_loaded", ("Model loading took", "weights took", "model weights loaded", "successfully loaded '")),
     ("phase.kv_setup", ("Available KV cache memory", "GPU KV cache size", "# GPU blocks", "# cuda blocks",
                         "Maximum concurrency for", "Warming up model", "Capturing CUDA graph",
                         "llama_kv_cache", "KV self size", "Memory profiling takes")),
     ("phase.serving", ("Application startup complete", "Uvicorn running on", "server is listening on",
-                       "llama runner started", "Server started")),
+                       "llama runner started", "Server started", "Started GRPCInferenceService",
+                       "Started HTTPService")),
+    # Triton's "failed to load 'm' version 1: <error>" names the load phase in the failing line itself
     ("phase.weights_loading", ("Starting to load model", "Loading safetensors checkpoint", "Loading weights",
-                               "llm_load_tensors", "load_tensors:", "Loading model weights")),
+                               "llm_load_tensors", "load_tensors:", "Loading model weights", "failed to load '")),
 )
 _RECEIVED = re.compile(r"Received request (?P<id>[^\s:]+):? prompt: (?P<q>['\"])(?P<prompt>.*?)(?P=q), params")
 _ABORTED = re.compile(r"Aborted request(?:\(s\)|s)? (?P<ids>[^\s.][^ ]*?)\.?$|Request (?P<id>\S+) aborted\.")

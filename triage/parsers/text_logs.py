@@ -65,6 +65,9 @@ _SGL_STATS = (
 )
 # Checked in this order: "Loading weights took" is a finished load, not a starting one.
 _PHASES = (
+    # the engine never finished starting (TGI's launcher, vLLM V1's engine core): an OOM just before it
+    # happened at start-up
+    ("phase.start_failed", ("failed to start", "ShardCannotStart", "Engine core initialization failed")),
     ("phase.weights_loaded", ("Model loading took", "weights took", "model weights loaded", "successfully loaded '")),
     ("phase.kv_setup", ("Available KV cache memory", "GPU KV cache size", "# GPU blocks", "# cuda blocks",
                         "Maximum concurrency for", "Warming up model", "Capturing CUDA graph",

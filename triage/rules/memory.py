@@ -20,6 +20,7 @@ PHASE_TO_ID = {"weights": "oom-weights", "kv": "oom-kv-capacity", "runtime": "oo
 _PHASE_OF_MARKER = {"phase.weights_loading": "weights", "phase.weights_loaded": "kv", "phase.kv_setup": "kv",
                     "phase.serving": "runtime"}
 _ENGINE_PHASE = {"load": "weights", "startup": "kv", "step": "runtime"}
+MAX_UNPHASED = 1000  # OOMs held per file until a phase marker; more are guessed at once
 _FUNC = re.compile(r"in (\w+)\n")
 _OOM_WORDS = ("out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
 
@@ -68,11 +69,13 @@ NEXT_STEPS = {
 class MemoryRule(Rule):
     kinds = ("oom.cuda", "oom.host", "oom.kv_capacity", "oom.weights", "driver.mismatch", "engine.error",
              "engine.startup", "engine.stats", "phase.weights_loading", "phase.weights_loaded", "phase.kv_setup",
-             "phase.serving", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished", "metric")
+             "phase.serving", "phase.start_failed", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished", "metric")
 
     def __init__(self):
         self.cands = {fid: Candidate(fid) for fid in (*PHASE_TO_ID.values(), "driver-mismatch")}
         self.file_phase: dict[str, str] = {}
+        # bare CUDA OOMs with no phase marker before them in their file, until the next marker tells more
+        self.unphased: dict[str, list[Event]] = {}
         self.num_guessed: dict[str, int] = {}
         self.num_known: dict[str, int] = {}
         self.driver_cuda: tuple[Event, str] | None = None
@@ -86,9 +89,14 @@ class MemoryRule(Rule):
             if ev.fields.get("finish_reason") == "error" and any(
                     w in str(ev.fields.get("error", "")) for w in _OOM_WORDS):
                 self.cands["oom-runtime"].add(ev, "request.finished.error", False, request_ids_of(ev))
+        elif kind == "phase.start_failed":  # the engine did not start: an OOM just before was at start-up
+            self._resolve(ev.file, "weights")
+            self.file_phase.pop(ev.file, None)
         elif kind.startswith("phase."):
+            self._resolve(ev.file, "runtime")
             self.file_phase[ev.file] = _PHASE_OF_MARKER[kind]
         elif kind in ("engine.startup", "engine.stats"):  # a stats line means the engine was serving
+            self._resolve(ev.file, "runtime")
             self.file_phase[ev.file] = "runtime"
         elif kind == "driver.mismatch":
             self.cands["driver-mismatch"].add(ev, "driver.mismatch", True)
@@ -150,16 +158,32 @@ class MemoryRule(Rule):
         if phase is None:
             phase = self.file_phase.get(ev.file)
         if phase is None:
-            # No marker: a host OOM kill most often hits while weights load; a bare CUDA OOM is run time.
-            phase = "weights" if ev.kind in ("oom.host", "oom.weights") else "runtime"
-            self.num_guessed[PHASE_TO_ID[phase]] = self.num_guessed.get(PHASE_TO_ID[phase], 0) + 1
-        else:
-            if ev.kind == "oom.weights" and phase == "runtime":
-                phase = "weights"
-            self.num_known[PHASE_TO_ID[phase]] = self.num_known.get(PHASE_TO_ID[phase], 0) + 1
+            # No marker: a host OOM kill most often hits while weights load; a bare CUDA OOM is run time,
+            # unless a marker after it says the engine never started.
+            pending = self.unphased.setdefault(ev.file, [])
+            if ev.kind in ("oom.host", "oom.weights") or len(pending) >= MAX_UNPHASED:
+                self._add_guessed(ev, "weights" if ev.kind in ("oom.host", "oom.weights") else "runtime")
+            else:
+                pending.append(ev)
+            return
+        if ev.kind == "oom.weights" and phase == "runtime":
+            phase = "weights"
+        self.num_known[PHASE_TO_ID[phase]] = self.num_known.get(PHASE_TO_ID[phase], 0) + 1
         self.cands[PHASE_TO_ID[phase]].add(ev, ev.kind, True, request_ids_of(ev))
 
+    def _resolve(self, file: str, phase: str) -> None:
+        """The OOMs waiting for a phase in file, guessed at phase."""
+        for ev in self.unphased.pop(file, ()):
+            self._add_guessed(ev, phase)
+
+    def _add_guessed(self, ev: Event, phase: str) -> None:
+        fid = PHASE_TO_ID[phase]
+        self.num_guessed[fid] = self.num_guessed.get(fid, 0) + 1
+        self.cands[fid].add(ev, ev.kind, True, request_ids_of(ev))
+
     def findings(self, facts: Facts) -> list[Finding]:
+        for file in list(self.unphased):  # no marker after them either: run time, as guessed
+            self._resolve(file, "runtime")
         self._driver_versions()
         out = []
         for fid, cand in self.cands.items():

@@ -120,6 +120,8 @@ SIGNATURES: tuple[Signature, ...] = (
     sig("gateway.client_closed", "client prematurely closed connection"),
     sig("gateway.client_closed", "while sending to client",
         r"(?:writev|sendfile|send|SSL_write)\(\) failed \((?:32: Broken pipe|104: Connection reset by peer)\) while sending to client"),
+    # send_timeout / client_body_timeout: the client stopped reading or sending, and nginx closed on it
+    sig("gateway.client_closed", "client timed out", r"client timed out \(110: (?:Connection|Operation) timed out\) while"),
     sig("gateway.connect_refused", "Connection refused) while connecting to upstream"),
     sig("gateway.connect_refused", "no live upstreams"),
     sig("gateway.upstream_closed", "upstream prematurely closed connection",

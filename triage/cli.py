@@ -52,10 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_diagnose(args: argparse.Namespace) -> int:
     try:
-        since = parse_user_time(args.since) if args.since else None
-        until = parse_user_time(args.until) if args.until else None
+        since = parse_user_time(args.since) if args.since is not None else None
+        until = parse_user_time(args.until) if args.until is not None else None
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if since is not None and until is not None and since > until:
+        raise UsageError(f"--since {args.since} is after --until {args.until}")
     if args.prometheus and not args.prometheus.startswith(("http://", "https://")):
         raise UsageError(f"--prometheus needs an http(s) URL, got {args.prometheus!r}")
     try:

@@ -148,5 +148,5 @@ def diagnose(opts: DiagnoseOptions) -> Diagnosis:
             dispatcher.feed(ev)
         num_metric_events = len(events)
     findings = rank([f for rule in dispatcher.rules for f in rule.findings(facts)])
-    readable = notes.num_files_read > 0 or num_metric_events > 0
+    readable = notes.num_lines_read > 0 or num_metric_events > 0  # empty or unreadable files alone: nothing
     return Diagnosis(findings, facts, notes, num_metric_events, readable)

@@ -119,10 +119,17 @@ def parse_glog(s: str, year: int = DEFAULT_YEAR) -> datetime | None:
 def parse_user_time(s: str) -> datetime:
     """--since/--until: ISO-8601 (a date alone is midnight) or epoch seconds; ValueError otherwise."""
     s = s.strip()
+    if not s:
+        raise ValueError("not a time: an empty value (use ISO-8601 like 2026-11-29T19:40:00Z or epoch seconds)")
     try:
-        return datetime.fromtimestamp(float(s), UTC).replace(tzinfo=None)
+        seconds = float(s)
     except ValueError:
         pass
+    else:
+        try:
+            return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
+        except (ValueError, OverflowError, OSError) as exc:  # nan, inf, beyond the platform's time_t
+            raise ValueError(f"not a time: {s!r} is out of range as epoch seconds") from exc
     if len(s) == 10:
         s += "T00:00:00"
     ts = parse_iso(s)

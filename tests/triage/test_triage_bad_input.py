@@ -100,6 +100,10 @@ def test_only_unreadable_input_exits_2(tmp_path, run_cli):
     code, out, err = run_cli("diagnose", tmp_path)
     assert code == 2 and out == ""
     assert err.strip().splitlines()[-1] == "llmtriage: nothing readable in the given paths"
+    (tmp_path / "empty.log").write_bytes(b"")  # empty and truncated files hold no line either: not "ok"
+    (tmp_path / "cut.log.gz").write_bytes(gzip.compress(b"no line end yet")[:12])
+    code, out, err = run_cli("diagnose", tmp_path, "--format", "json")
+    assert code == 2 and out == "" and err.strip().splitlines()[-1] == "llmtriage: nothing readable in the given paths"
 
 
 @settings(max_examples=60, deadline=None)

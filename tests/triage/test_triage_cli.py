@@ -67,6 +67,12 @@ def test_usage_errors_exit_2(run_cli, tmp_path):
     assert (code, out) == (2, "") and err.strip() == f"llmtriage: no such file or folder: {tmp_path / 'missing'}"
     code, _, err = run_cli("diagnose", CORPUS / "vllm-healthy", "--since", "yesterday")
     assert code == 2 and err.startswith("llmtriage: not a time: 'yesterday'") and "\n" == err[-1:]
+    for bad in ("1e20", "nan", "", "  "):  # out of time_t's range, not a number, nothing
+        code, out, err = run_cli("diagnose", CORPUS / "vllm-healthy", "--since", bad)
+        assert (code, out) == (2, "") and err.startswith("llmtriage: not a time: ") and err.count("\n") == 1, bad
+    code, _, err = run_cli("diagnose", CORPUS / "vllm-healthy", "--since", "2026-11-29T13:00:00Z", "--until",
+                           "2026-11-29T12:00:00Z")
+    assert code == 2 and err == "llmtriage: --since 2026-11-29T13:00:00Z is after --until 2026-11-29T12:00:00Z\n"
     code, _, err = run_cli("diagnose", CORPUS / "vllm-healthy", "--prometheus", "localhost:9090")
     assert code == 2 and "--prometheus needs an http(s) URL" in err
     code, _, err = run_cli("diagnose", CORPUS / "vllm-healthy", "--format", "yaml")

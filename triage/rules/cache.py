@@ -474,7 +474,8 @@ class CacheRule(Rule):
             return self.num_cached_tokens / self.num_prompt_tokens
         if self.metric_queries:
             return self.metric_hits / self.metric_queries
-        return None
+        rates = self.stats_high + self.stats_low  # vLLM's "Prefix cache hit rate" per stats interval
+        return sum(rates) / len(rates) if rates else None
 
     def findings(self, facts: Facts) -> list[Finding]:
         self._settle_later()

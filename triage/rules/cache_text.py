@@ -118,15 +118,22 @@ def finding_eviction(rule, cand) -> Finding | None:
 def finding_routing(rule, cand) -> Finding | None:
     rate = rule.hit_rate()
     spread = [c for c, ups in rule.client_upstreams.items() if len(ups) >= 2]
-    if len(rule.upstreams) < 2 or not spread or rate is None or rate >= 0.3 or not _reuse(rule):
+    if len(rule.upstreams) < 2 or not spread or rate is None or rate >= 0.3:
         return None
+    # Shared prefixes seen in the engine's fingerprints make it medium; with no fingerprints at all (engine
+    # text logs) whether prompts share prefixes is unknown: low. Fingerprints without reuse: nothing to route.
+    confidence = Confidence.MEDIUM if _reuse(rule) else Confidence.LOW if not rule.num_multi_block else None
+    if confidence is None:
+        return None
+    if confidence is Confidence.LOW:
+        cand.counter.append("no prefix fingerprints in these logs: whether the prompts share prefixes is unknown")
     for ev in rule.routing_sample:
         cand.add(ev, "gateway.upstream_addr_spread", False)
     return cand.finding(
         TITLE + ": one client's prompts are spread over several replicas",
         f"The gateway sends the same clients to {len(rule.upstreams)} upstreams in turn; each replica has its "
         "own prefix cache, so a shared prefix is cached once per replica and most requests land where it "
-        "is not." + _rate_text(rule), STEPS["routing"], Confidence.MEDIUM)
+        "is not." + _rate_text(rule), STEPS["routing"], confidence)
 
 
 def finding_short_prompts(rule, cand) -> Finding | None:

@@ -80,6 +80,27 @@ def test_gateway_timeout_claims_the_engine_aborts():
     assert findings[0].requests.listed() == ["r0", "r1", "r2"]
 
 
+def access(t: float, status: int, duration: float) -> Event:
+    return event("http.access", t=t, source="nginx-access", status=status, duration_s=duration,
+                 cut="timeout" if status == 504 else None)
+
+
+def test_the_timeout_is_named_only_where_request_times_stop():
+    """A gateway caps request times at its timeout: the commonest time is named as the timeout only when no
+    request lasted longer; the engine is said to see its client go only when its aborts were seen."""
+    busy = [access(i, 200, 3.2) for i in range(41)]
+    [one] = run([*busy, access(50, 504, 60.0)])
+    assert one.id == "stream-cut-gateway-timeout" and "configured timeout" not in one.explanation
+    assert "saw its client go away" not in one.explanation
+    cut = [access(i, 200, 60.0) for i in range(12)]
+    [capped] = run([*busy, *cut, access(60, 504, 60.0)])
+    assert capped.explanation.endswith(" 13 requests lasted 60.0 s at the gateway: the configured timeout.")
+    timeout = event("gateway.upstream_timeout", t=5, source="nginx-error", phase="reading upstream")
+    abort = event("request.aborted", t=5, request_id="r0", reason="client_disconnect")
+    [claimed] = run([timeout, abort])
+    assert "The engine saw its client go away." in claimed.explanation
+
+
 def test_oom_before_crash_before_cut_streams():
     events = [
         event("engine.error", t=1, phase="step", exc_type="OutOfMemoryError", fatal=True, request_ids=["a"],

@@ -45,6 +45,7 @@ class StreamRule(Rule):
         self.num_client_records = 0
         self.num_errors = 0
         self.timeout_durations: Counter = Counter()
+        self.timeout_cut_durations: Counter = Counter()  # the times of requests a gateway cut by timeout
         self.client_durations: list[float] = []
         self.abort_metrics: list[Event] = []
         self.handlers = {kind: getattr(self, "_" + kind.replace(".", "_")) for kind in self.kinds
@@ -149,6 +150,9 @@ class StreamRule(Rule):
         cut = f.get("cut")
         if cut == "timeout":
             self.timeout.add(ev, f"{ev.source}.timeout", True, request_ids_of(ev))
+            duration = f.get("duration_s")
+            if duration and len(self.timeout_cut_durations) < 1000:
+                self.timeout_cut_durations[round(duration, 1)] += 1
         elif cut == "client":
             self.client.add(ev, f"{ev.source}.client_closed", True, request_ids_of(ev))
             if f.get("duration_s") is not None and len(self.client_durations) < MAX_SAMPLES:

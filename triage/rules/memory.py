@@ -1,6 +1,7 @@
 """Memory failures told apart by phase: weights, KV allocation at start-up, run time; and driver mismatch."""
 
 import re
+from bisect import bisect_right
 
 from triage.model import Confidence, Event, Finding
 from triage.rules import Candidate, Facts, Rule, request_ids_of
@@ -21,6 +22,7 @@ _PHASE_OF_MARKER = {"phase.weights_loading": "weights", "phase.weights_loaded": 
                     "phase.serving": "runtime"}
 _ENGINE_PHASE = {"load": "weights", "startup": "kv", "step": "runtime"}
 MAX_UNPHASED = 1000  # OOMs held per file until a phase marker; more are guessed at once
+MAX_TIMELINE = 10_000  # phase changes kept for placing host OOM kills
 _FUNC = re.compile(r"in (\w+)\n")
 _OOM_WORDS = ("out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
 
@@ -76,6 +78,9 @@ class MemoryRule(Rule):
         self.file_phase: dict[str, str] = {}
         # bare CUDA OOMs with no phase marker before them in their file, until the next marker tells more
         self.unphased: dict[str, list[Event]] = {}
+        # host OOM kills from a file with no marker (a kernel log): placed on every file's markers at the end
+        self.host_unphased: list[Event] = []
+        self.timeline: list[tuple] = []  # (time, phase) of the phase markers of all files, as seen
         self.num_guessed: dict[str, int] = {}
         self.num_known: dict[str, int] = {}
         self.driver_cuda: tuple[Event, str] | None = None
@@ -92,12 +97,13 @@ class MemoryRule(Rule):
         elif kind == "phase.start_failed":  # the engine did not start: an OOM just before was at start-up
             self._resolve(ev.file, "weights")
             self.file_phase.pop(ev.file, None)
-        elif kind.startswith("phase."):
+        elif kind.startswith("phase.") or kind in ("engine.startup", "engine.stats"):
+            # (a stats line means the engine was serving)
+            phase = _PHASE_OF_MARKER.get(kind, "runtime")
             self._resolve(ev.file, "runtime")
-            self.file_phase[ev.file] = _PHASE_OF_MARKER[kind]
-        elif kind in ("engine.startup", "engine.stats"):  # a stats line means the engine was serving
-            self._resolve(ev.file, "runtime")
-            self.file_phase[ev.file] = "runtime"
+            if ev.ts is not None and self.file_phase.get(ev.file) != phase and len(self.timeline) < MAX_TIMELINE:
+                self.timeline.append((ev.ts, phase))  # where a file's phase changes (not every stats line)
+            self.file_phase[ev.file] = phase
         elif kind == "driver.mismatch":
             self.cands["driver-mismatch"].add(ev, "driver.mismatch", True)
             self.cands["driver-mismatch"].cause = self.cands["driver-mismatch"].cause or ev.fields.get("cause")
@@ -160,11 +166,12 @@ class MemoryRule(Rule):
         if phase is None:
             # No marker: a host OOM kill most often hits while weights load; a bare CUDA OOM is run time,
             # unless a marker after it says the engine never started.
-            pending = self.unphased.setdefault(ev.file, [])
-            if ev.kind in ("oom.host", "oom.weights") or len(pending) >= MAX_UNPHASED:
-                self._add_guessed(ev, "weights" if ev.kind in ("oom.host", "oom.weights") else "runtime")
-            else:
+            host = ev.kind in ("oom.host", "oom.weights")
+            pending = self.host_unphased if host else self.unphased.setdefault(ev.file, [])
+            if len(pending) < MAX_UNPHASED:
                 pending.append(ev)
+            else:
+                self._add_guessed(ev, "weights" if host else "runtime")
             return
         if ev.kind == "oom.weights" and phase == "runtime":
             phase = "weights"
@@ -181,9 +188,26 @@ class MemoryRule(Rule):
         self.num_guessed[fid] = self.num_guessed.get(fid, 0) + 1
         self.cands[fid].add(ev, ev.kind, True, request_ids_of(ev))
 
+    def _place_host_ooms(self) -> None:
+        """A host OOM kill takes the phase of the last marker before it in any file (an engine log beside
+        the kernel's); with none, it is guessed at weight loading, when host RAM peaks."""
+        timeline = sorted(self.timeline, key=lambda entry: entry[0])
+        times = [t for t, _ in timeline]
+        for ev in self.host_unphased:
+            at = bisect_right(times, ev.ts) if ev.ts is not None else 0
+            if at == 0:
+                self._add_guessed(ev, "weights")
+                continue
+            phase = timeline[at - 1][1]
+            fid = PHASE_TO_ID["weights" if ev.kind == "oom.weights" and phase == "runtime" else phase]
+            self.num_known[fid] = self.num_known.get(fid, 0) + 1
+            self.cands[fid].add(ev, ev.kind, True, request_ids_of(ev))
+        self.host_unphased = []
+
     def findings(self, facts: Facts) -> list[Finding]:
         for file in list(self.unphased):  # no marker after them either: run time, as guessed
             self._resolve(file, "runtime")
+        self._place_host_ooms()
         self._driver_versions()
         out = []
         for fid, cand in self.cands.items():

@@ -144,7 +144,7 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     lineno = 0
     carry = ""
-    skipping = bad_encoding = cut = False  # skipping: the rest of a line already cut
+    skipping = bad_encoding = cut = truncated = False  # skipping: the rest of a line already cut
     while True:
         try:
             raw = handle.read1(BLOCK_BYTES)
@@ -154,6 +154,7 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
                 yield lineno, block
                 lineno += count_lines(block)
             notes.add(f"{path}: truncated or corrupt after line {lineno} ({exc or 'unexpected end'})")
+            truncated = True
             break
         final = not raw
         buf = carry + decoder.decode(raw, final)
@@ -184,7 +185,7 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
         notes.add(f"{path}: not valid UTF-8; undecodable bytes replaced")
     if cut:
         notes.add(f"{path}: lines longer than {MAX_LINE_BYTES} characters were cut")
-    if lineno == 0:
+    if lineno == 0 and not truncated:  # (a truncated file is noted as such, not as empty too)
         notes.add(f"{path}: empty")
 
 

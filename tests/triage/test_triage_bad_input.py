@@ -104,6 +104,8 @@ def test_only_unreadable_input_exits_2(tmp_path, run_cli):
     (tmp_path / "cut.log.gz").write_bytes(gzip.compress(b"no line end yet")[:12])
     code, out, err = run_cli("diagnose", tmp_path, "--format", "json")
     assert code == 2 and out == "" and err.strip().splitlines()[-1] == "llmtriage: nothing readable in the given paths"
+    assert f"{tmp_path / 'cut.log.gz'}: truncated or corrupt after line 0" in err  # truncated, not also empty
+    assert f"{tmp_path / 'cut.log.gz'}: empty" not in err and f"{tmp_path / 'empty.log'}: empty" in err
 
 
 @settings(max_examples=60, deadline=None)

@@ -8,11 +8,10 @@
  * hypothesis; `triage.speedups.C` is None when the module was not built (or its API number is not
  * the one triage/speedups.py expects), and then the Python paths run alone.
  *
- *   engine_split(lines) -> list[int] | None
- *       parsers._engine_split's common case: every line an engine JSON line that wanted_lines drops
- *       except request.finished ones, whose indices it returns; None for any other block.
  *   engine_block(block) -> (list[int], list[str]) | None
- *       engine_split on the block before it is split into lines: the indices and the lines.
+ *       parsers._engine_split's common case, before the block is split into lines: every line an engine
+ *       JSON line that wanted_lines drops except request.finished ones, whose indices and lines it
+ *       returns; None for any other block.
  *   shape_rows(lines, ops, max_int_digits) -> (columns, misses)
  *       FinishedShape.lines.findall: the five FINISHED_COLUMNS for the lines the shape matches (the
  *       token counts as int(text), ttft_s as float(text), the others as texts), and the positions of
@@ -50,7 +49,7 @@ static int append_text(PyObject *list, const char *s, Py_ssize_t n);
 static int append_index(PyObject *list, Py_ssize_t i);
 static int append_value(PyObject *list, int kind, const char *s, Py_ssize_t n);
 
-/* ---- engine_split ---------------------------------------------------------------------------- */
+/* ---- engine_block ---------------------------------------------------------------------------- */
 
 static const char FINISHED[] = "\"event\":\"request.finished\"";
 static const char SCHEDULED_QUEUE[] = "\"event\":\"request.scheduled\",\"queue_s\":";
@@ -99,40 +98,9 @@ engine_line(const char *s, Py_ssize_t n)
     return short_queue(queue + 10, end) ? 1 : -1;
 }
 
-static PyObject *
-engine_split(PyObject *self, PyObject *lines)
-{
-    PyObject *out;
-    if (!PyList_Check(lines)) {
-        PyErr_SetString(PyExc_TypeError, "engine_split: lines must be a list");
-        return NULL;
-    }
-    out = PyList_New(0);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lines); i++) {
-        Py_ssize_t n = 0;
-        const char *s = ascii_line(PyList_GET_ITEM(lines, i), &n);
-        int kind = s == NULL || memmem(s, n, LIT(PROMPT_KEY)) != NULL ? -1 : engine_line(s, n);
-        if (kind < 0) {
-            Py_DECREF(out);
-            Py_RETURN_NONE;
-        }
-        if (kind == 0) {
-            PyObject *index = PyLong_FromSsize_t(i);
-            if (index == NULL || PyList_Append(out, index) < 0) {
-                Py_XDECREF(index);
-                Py_DECREF(out);
-                return NULL;
-            }
-            Py_DECREF(index);
-        }
-    }
-    return out;
-}
-
-/* engine_split on a whole block (lines ending in "\n"), without splitting it: (the request.finished
- * candidates' indices, their lines), or None */
+/* parsers._engine_split's common case on a whole block (lines ending in "\n"), before it is split: every
+ * line an engine JSON line that wanted_lines drops except request.finished ones, whose indices and lines
+ * it returns; None for any other block */
 static PyObject *
 engine_block(PyObject *self, PyObject *block)
 {
@@ -646,10 +614,8 @@ count_lines(PyObject *self, PyObject *text)
 }
 
 static PyMethodDef methods[] = {
-    {"engine_split", engine_split, METH_O, "parsers._engine_split's common case: the request.finished "
-     "candidates' indices when every other line is dropped, else None."},
-    {"engine_block", engine_block, METH_O, "engine_split on a whole block, unsplit: (the request.finished "
-     "candidates' indices, their lines), or None."},
+    {"engine_block", engine_block, METH_O, "parsers._engine_split's common case on a whole block, unsplit: "
+     "(the request.finished candidates' indices, their lines), or None."},
     {"shape_rows", shape_rows, METH_VARARGS, "FinishedShape.lines.findall as (the five columns' texts of "
      "matching lines, positions of the other lines)."},
     {"access_columns", access_columns, METH_O, "UPSTREAMINFO_BULK.findall's first five columns, \"\" where "
@@ -661,7 +627,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "triage._speedups", NULL, -1, methods};
 
 /* batch.py uses the module only when API is the number it expects (a stale build is left alone) */
-#define API 3
+#define API 4
 
 PyMODINIT_FUNC
 PyInit__speedups(void)

@@ -4,7 +4,7 @@ set (to rule them out). Every caller has a Python path that answers the same."""
 
 import os
 
-API = 3  # the interface of triage/_speedups.c the callers use
+API = 4  # the interface of triage/_speedups.c the callers use
 
 try:
     from triage import _speedups as C

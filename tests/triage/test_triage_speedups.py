@@ -23,7 +23,7 @@ def test_the_extension_is_built():
     assert SPEEDUPS is not None, "triage/_speedups.c was not built: run `make setup` (needs a C compiler)"
 
 
-# ---- engine_split: the common case of parsers._engine_split ----------------------------------------
+# ---- engine_block: the common case of parsers._engine_split ----------------------------------------
 DROPPED = [HEAD + '"event":"request.received","prompt_tokens":64,"max_tokens":32}',
            HEAD + '"event":"request.scheduled","queue_s":0.002,"cached_tokens":0}',
            HEAD + '"event":"request.first_token","ttft_s":0.04}',
@@ -45,7 +45,11 @@ def engine_block_line(draw):
 
 
 def python_engine_split(lines):
-    return _engine_split("\n".join(lines) + "\n", lines, ascii=False)
+    return _engine_split("\n".join(lines) + "\n", lines)
+
+
+def whole(lines):
+    return "".join(line + "\n" for line in lines)
 
 
 @settings(max_examples=500, deadline=None)
@@ -54,20 +58,12 @@ def python_engine_split(lines):
 @example([DROPPED[1].replace('"queue_s":0.002', '"queue_s":0.1,"queue_s":3')])
 @example([DROPPED[1].replace('{"ts"', '{"queue_s":3,"ts"')])
 @example([FINISHED.replace("finished", "finishedX")])
-def test_engine_split_answers_as_python(lines):
-    fin_idx = SPEEDUPS.engine_split(lines)
-    if fin_idx is not None:
-        assert python_engine_split(lines) == (fin_idx, [])
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(engine_block_line(), min_size=0, max_size=10))
-def test_engine_block_is_engine_split_before_the_split(lines):
-    block = "".join(line + "\n" for line in lines)
-    split = SPEEDUPS.engine_split(lines)
-    assert SPEEDUPS.engine_block(block) == (None if split is None else (split, [lines[i] for i in split]))
-    if block:
-        assert SPEEDUPS.engine_block(block[:-1]) is None  # the last line not whole: the Python split reads it
+def test_engine_block_answers_as_python(lines):
+    found = SPEEDUPS.engine_block(whole(lines))
+    if found is not None:
+        assert python_engine_split(lines) == (found[0], [])
+        assert found[1] == [lines[i] for i in found[0]]
+    assert SPEEDUPS.engine_block(whole(lines)[:-1]) is None  # the last line not whole: the Python split reads it
 
 
 @settings(max_examples=300, deadline=None)
@@ -76,20 +72,19 @@ def test_count_lines_is_str_count(text):
     assert SPEEDUPS.count_lines(text) == text.count("\n")
 
 
-def test_engine_split_takes_the_engine_layout():
+def test_engine_block_takes_the_engine_layout():
     rng = random.Random(3)
     lines = [rng.choice([*DROPPED, FINISHED]) for _ in range(500)]
     expected = [i for i, line in enumerate(lines) if line == FINISHED]
-    assert SPEEDUPS.engine_split(lines) == expected == python_engine_split(lines)[0]
-    for q in ("0", "-0.25", "0.", "0.000"):
-        assert SPEEDUPS.engine_split([DROPPED[1].replace("0.002", q)]) == []
-    block = "\n".join(lines) + "\n"
+    block = whole(lines)
     assert SPEEDUPS.engine_block(block) == (expected, [FINISHED] * len(expected))
+    assert python_engine_split(lines) == (expected, [])
+    for q in ("0", "-0.25", "0.", "0.000"):
+        assert SPEEDUPS.engine_block(whole([DROPPED[1].replace("0.002", q)])) == ([], [])
     assert SPEEDUPS.engine_block(block[:-1]) is None  # not whole lines
     for odd in (DROPPED[1].replace("0.002", "1.5"), DROPPED[1].replace("0.002", "0.5e3"), '{"event":"x"}',
                 DROPPED[0].replace("prompt_tokens", "prompt"), " " + DROPPED[0], "", "[]", DROPPED[0] + "\u00e9"):
-        assert SPEEDUPS.engine_split([*lines, odd]) is None, odd  # read line by line in Python
-        assert SPEEDUPS.engine_block(block + odd + "\n") is None, odd
+        assert SPEEDUPS.engine_block(block + odd + "\n") is None, odd  # read line by line in Python
 
 
 # ---- shape_rows: FinishedShape.lines.findall -------------------------------------------------------

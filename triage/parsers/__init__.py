@@ -49,8 +49,8 @@ class FileParser:
         if not self.batches:
             return [(first + i + 1, line) for i, line in wanted_lines(block)]
         ascii = block.isascii()  # the C checks read ASCII lines only
-        in_c = lines is None and ascii and batch_module.SPEEDUPS is not None
-        if in_c and (found := batch_module.SPEEDUPS.engine_block(block)):
+        if lines is None and ascii and batch_module.SPEEDUPS is not None and (
+                found := batch_module.SPEEDUPS.engine_block(block)):
             fin_idx, fin_lines = found  # the common case, checked in C before splitting the block
             slow, batches = self._finished(first, fin_idx, fin_lines, ascii)
             return _runs(batches, slow, dict(zip(fin_idx, fin_lines, strict=True)) if slow else {}, first)
@@ -59,8 +59,8 @@ class FileParser:
             lines.pop()
         n = len(lines)
         fin_idx: list[int] = []
-        if '"event":"' in block:  # (engine_split in C says no where engine_block did)
-            fin_idx, other_idx = _engine_split(block, lines, ascii and not in_c)
+        if '"event":"' in block:
+            fin_idx, other_idx = _engine_split(block, lines)
         else:
             other_idx = list(range(n))
         slow, batches = self._finished(first, fin_idx, list(map(lines.__getitem__, fin_idx)), ascii)
@@ -263,16 +263,13 @@ _CODES = "".join(_AT_19).encode()
 _SCHEDULED_SHORT = re.compile(re.escape(_SCHEDULED) + "," + _SHORT_QUEUE.pattern)
 
 
-def _engine_split(block: str, lines: list[str], ascii: bool = False) -> tuple[list[int], list[int]]:
+def _engine_split(block: str, lines: list[str]) -> tuple[list[int], list[int]]:
     """(request.finished candidates, the other lines wanted_lines keeps): indices into lines, in order.
 
     The common case, an engine log and nothing else, is settled by C-level maps and counts over the
     block's lines: each line's code (the character 19 after its first event key) names the key it
     claims, and only the claims that decide a drop are checked (the bulk path checks a candidate's).
-    With ascii (every line is) the C check goes first."""
-    speedups = batch_module.SPEEDUPS
-    if ascii and speedups is not None and (fin_idx := speedups.engine_split(lines)) is not None:
-        return fin_idx, []  # the common case checked in C
+    (_speedups.engine_block checks the same common case in C before a block is split.)"""
     at = list(map(str.find, lines, repeat('"event":"')))
     try:
         codes = _codes(lines, at)

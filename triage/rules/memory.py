@@ -173,15 +173,18 @@ class MemoryRule(Rule):
             else:
                 self._add_guessed(ev, "weights" if host else "runtime")
             return
-        if ev.kind == "oom.weights" and phase == "runtime":
-            phase = "weights"
-        self.num_known[PHASE_TO_ID[phase]] = self.num_known.get(PHASE_TO_ID[phase], 0) + 1
-        self.cands[PHASE_TO_ID[phase]].add(ev, ev.kind, True, request_ids_of(ev))
+        self._add_known(ev, phase)
 
     def _resolve(self, file: str, phase: str) -> None:
         """The OOMs waiting for a phase in file, guessed at phase."""
         for ev in self.unphased.pop(file, ()):
             self._add_guessed(ev, phase)
+
+    def _add_known(self, ev: Event, phase: str) -> None:
+        """An OOM at a phase the logs show (an OOM that names the weights is at weight loading whatever)."""
+        fid = PHASE_TO_ID["weights" if ev.kind == "oom.weights" and phase == "runtime" else phase]
+        self.num_known[fid] = self.num_known.get(fid, 0) + 1
+        self.cands[fid].add(ev, ev.kind, True, request_ids_of(ev))
 
     def _add_guessed(self, ev: Event, phase: str) -> None:
         fid = PHASE_TO_ID[phase]
@@ -197,11 +200,8 @@ class MemoryRule(Rule):
             at = bisect_right(times, ev.ts) if ev.ts is not None else 0
             if at == 0:
                 self._add_guessed(ev, "weights")
-                continue
-            phase = timeline[at - 1][1]
-            fid = PHASE_TO_ID["weights" if ev.kind == "oom.weights" and phase == "runtime" else phase]
-            self.num_known[fid] = self.num_known.get(fid, 0) + 1
-            self.cands[fid].add(ev, ev.kind, True, request_ids_of(ev))
+            else:
+                self._add_known(ev, timeline[at - 1][1])
         self.host_unphased = []
 
     def findings(self, facts: Facts) -> list[Finding]:

@@ -1,4 +1,4 @@
-"""Validators for OpenAI's published response schemas (shared/reference/openai-schemas.json)."""
+"""Validators for OpenAI's published response schemas (fixtures/openai-schemas.json)."""
 
 import copy
 import json
@@ -7,8 +7,11 @@ from pathlib import Path
 
 from jsonschema import Draft202012Validator
 
-# In CI the repository is a fresh clone with shared/ beside it, as here.
-SCHEMA_FILE = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "openai-schemas.json"
+# A vendored subset of OpenAI's published OpenAPI spec: github.com/openai/openai-openapi, openapi.json
+# (OpenAPI 3.1.0, spec version 2.3.0), the components.schemas reachable from CreateChatCompletionResponse,
+# CreateChatCompletionStreamResponse, CreateCompletionResponse, ErrorResponse and ListModelsResponse.
+# The file's own "source" key says the same; it is copied unchanged, so a newer spec can replace it.
+SCHEMA_FILE = Path(__file__).resolve().parent / "fixtures" / "openai-schemas.json"
 
 
 def _denullable(node):

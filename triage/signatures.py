@@ -1,190 +1,204 @@
-"""Message signatures shared by every text format: the decisive wording of engines, proxies and clients."""
+"""The catalog of known failure messages (triage/signatures.yaml), loaded as data.
+
+Each entry names one real message of an engine, gateway, client, kernel or driver: a literal keyword
+(checked first, and what the reader scans for), an optional pattern, the event kind the rules read,
+the finding it points to and the confidence it gives alone. Users add entries with
+`llmtriage diagnose --signatures my.yaml` (load_user_catalog)."""
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+CONFIDENCES = ("high", "medium", "low")
+_ID = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+_ENTRY_KEYS = {"id", "source", "keyword", "pattern", "kind", "finding", "cause", "confidence", "meaning", "next",
+               "fields", "ignore_case", "match_line"}
+_REQUIRED = ("id", "source", "keyword", "meaning")
+_KEY_FIXUPS = {"gpu2": "gpu", "total2": "total", "enabled2": "enabled"}
+
+
+class CatalogError(Exception):
+    """A catalog file that cannot be used: the message names the file, the entry and the problem."""
 
 
 @dataclass(slots=True, frozen=True)
 class Signature:
-    kind: str
-    keyword: str  # a plain substring checked first: most lines are rejected by `in` alone
+    kind: str  # the event kind the rules read
+    keyword: str  # a plain substring of every matching line, checked first: most lines are rejected by `in` alone
     pattern: re.Pattern | None = None
     fields: tuple[tuple[str, str], ...] = ()  # fixed fields added to the event
+    id: str = ""
+    source: str = ""
+    finding: str = ""
+    cause: str | None = None
+    confidence: str = "high"
+    meaning: str = ""
+    next: str = ""
+    match_line: bool = False  # searched in the whole line (envelope included), not the message alone
+    origin: str = "built-in"  # the file the entry came from
 
 
-def sig(kind: str, keyword: str, pattern: str | None = None, flags: int = 0, **fixed: str) -> Signature:
-    return Signature(kind, keyword, re.compile(pattern, flags) if pattern else None, tuple(fixed.items()))
+@dataclass(slots=True, frozen=True)
+class Catalog:
+    signatures: tuple[Signature, ...]
+    kinds: dict  # kind -> its defaults (finding, confidence, next, decided_by)
+
+    def __iter__(self) -> Iterator[Signature]:
+        return iter(self.signatures)
+
+    def __len__(self) -> int:
+        return len(self.signatures)
 
 
-_GIB = r"(?P<{0}>[\d.]+ ?[KMGT]i?B)"
-# The order matters only inside one line: the first match of each kind wins.
-SIGNATURES: tuple[Signature, ...] = (
-    # --- driver / runtime mismatch (precedes any OOM-looking failure) ---
-    sig("driver.mismatch", "driver version is insufficient", cause="driver-too-old"),
-    sig("driver.mismatch", "driver on your system is too old", cause="driver-too-old"),
-    sig("driver.mismatch", "Driver/library version mismatch", cause="driver-library-mismatch"),
-    sig("driver.mismatch", "couldn't communicate with the NVIDIA driver", cause="driver-not-loaded"),
-    sig("driver.mismatch", "no kernel image is available for execution", cause="arch-mismatch"),
-    sig("driver.mismatch", "forward compatibility was attempted", cause="forward-compat"),
-    sig("driver.mismatch", "SYSTEM_DRIVER_MISMATCH", cause="driver-library-mismatch"),
-    sig("driver.mismatch", "unsupported display driver / cuda driver combination", cause="driver-too-old"),
-    sig("driver.mismatch", "cudaErrorInsufficientDriver", cause="driver-too-old"),
-    sig("driver.mismatch", "Found no NVIDIA driver on your system", cause="driver-not-loaded"),
-    sig("driver.mismatch", "is not compatible with the current PyTorch installation", cause="arch-mismatch"),
-    sig("driver.mismatch", "CUDA driver initialization failed", cause="driver-not-loaded"),
-    sig("driver.mismatch", "PTX was compiled with an unsupported toolchain", cause="driver-too-old"),
-    sig("driver.mismatch", "cannot open shared object file",
-        r"lib(?:cuda|cudart|nvidia-ml|cublas|cudnn|nccl)[\w.-]*\.so[\w.]*: cannot open shared object file",
-        cause="cuda-library-missing"),
-    # --- KV capacity at start-up (vLLM v1, v0, this engine, TGI, llama.cpp) ---
-    sig("oom.kv_capacity", "To serve at least one request with the model",
-        r"max seq len \((?P<max_model_len>\d+)\), \(?(?P<needed>[\d.]+) GiB KV cache is needed.*?"
-        r"available KV cache memory \((?P<available>[\d.]+) GiB\)(?:.*?estimated maximum model length is "
-        r"(?P<estimated_max_len>\d+))?", cause="kv-below-max-model-len"),
-    sig("oom.kv_capacity", "No available memory for the cache blocks", cause="no-kv-memory"),
-    sig("oom.kv_capacity", "larger than the maximum number of tokens that can be stored in KV cache",
-        r"max seq len \((?P<max_model_len>\d+)\)", cause="kv-below-max-model-len"),
-    sig("oom.kv_capacity", "out of memory occurred when warming up", cause="warmup"),
-    sig("oom.kv_capacity", "Not enough memory to handle", cause="warmup"),
-    sig("oom.kv_capacity", "on startup is less than desired GPU memory utilization", cause="gpu-occupied"),
-    sig("oom.kv_capacity", "failed to allocate buffer for kv cache", cause="no-kv-memory"),
-    sig("oom.kv_capacity", "llama_init_from_model: failed to initialize the context", cause="no-kv-memory"),
-    sig("oom.kv_capacity", "Please try to increase --mem-fraction-static", cause="no-kv-memory"),
-    sig("oom.kv_capacity", "Not enough memory. Please try to increase", cause="no-kv-memory"),
-    # --- weights larger than memory (Ollama, llama.cpp) ---
-    sig("oom.weights", "model requires more system memory", cause="host-memory"),
-    sig("oom.weights", "cudaMalloc failed: out of memory", r"allocating (?P<tried>[\d.]+ MiB)"),
-    sig("oom.weights", "unable to allocate", r"unable to allocate (?:\w+ )?(?:backend )?buffer"),
-    # --- CUDA / PyTorch allocator OOM, every era ---
-    sig("oom.cuda", "out of memory",
-        r"(?:CUDA|HIP|MPS) out of memory\. Tried to allocate (?P<tried>[\d.]+ [KMGT]iB)"
-        r"(?:.*?(?:GPU (?P<gpu>\d+); (?P<total>[\d.]+ [KMGT]iB) total capacity|"
-        r"GPU (?P<gpu2>\d+) has a total capac(?:i)?ty of (?P<total2>[\d.]+ [KMGT]iB) "
-        r"of which (?P<free>[\d.]+ [KMGT]iB) is free))?"),
-    sig("oom.cuda", "CUDA error: out of memory"),
-    sig("oom.cuda", "CUBLAS_STATUS_ALLOC_FAILED"),
-    sig("oom.cuda", "OutOfMemoryError", r"\b(?:torch\.(?:cuda\.)?)?OutOfMemoryError\b"),
-    # --- host OOM killer, Kubernetes ---
-    sig("oom.host", "Killed process", r"Killed process (?P<pid>\d+) \((?P<process>.+?)\) total-vm"),
-    sig("oom.host", "invoked oom-killer", r"(?P<process>\S+) invoked oom-killer"),
-    sig("oom.host", "OOMKilled", r"\bOOMKilled\b"),
-    sig("oom.host", "Memory cgroup out of memory"),
-    # --- engine death ---
-    sig("engine.fatal", "EngineCore encountered a fatal error"),
-    sig("engine.fatal", "EngineDeadError"),
-    sig("engine.fatal", "died unexpectedly", r"Engine core proc \S+ died unexpectedly", weak="1"),
-    sig("engine.fatal", "AsyncLLM output_handler failed"),
-    sig("engine.fatal", "Engine core initialization failed", startup="1"),
-    sig("engine.fatal", "EngineCore failed to start", startup="1"),
-    sig("engine.fatal", "Shard process was signaled to shutdown"),
-    sig("engine.fatal", "Shard", r"Shard \d+ (?:failed|crashed|terminated)|ShardCannotStart|ShardFailed"),
-    sig("engine.fatal", "Webserver Crashed"),
-    sig("engine.fatal", "Scheduler hit an exception"),
-    sig("engine.fatal", "llama runner process has terminated"),
-    sig("engine.fatal", "Stub process is unhealthy"),
-    sig("engine.fatal", "illegal memory access was encountered"),
-    sig("engine.fatal", "device-side assert triggered"),
-    sig("engine.fatal", "unspecified launch failure"),
-    sig("engine.fatal", "NCCL error"),
-    sig("engine.fatal", "Watchdog caught collective operation timeout"),
-    sig("engine.fatal", "Segmentation fault"),
-    sig("engine.fatal", "Fatal Python error"),
-    sig("engine.fatal", "GGML_ASSERT"),
-    sig("engine.fatal", "CrashLoopBackOff", weak="1"),
-    sig("engine.fatal", "failed (engine dead)"),
-    # --- preemption (vLLM v0, v1 stats, SGLang retraction) ---
-    sig("engine.preemption", "is preempted by PreemptionMode",
-        r"total_(?:num_)?cumulative_preemption(?:_cnt)?=(?P<total>\d+)"),
-    sig("engine.preemption", "Retract requests"),
-    # --- overload ---
-    sig("queue.full", "Request queue full"),
-    sig("queue.full", "Model is overloaded"),
-    sig("queue.full", "maximum pending requests exceeded"),
-    sig("queue.full", "Error code: 429"),
-    sig("queue.full", "Too Many Requests", r"\b429\b.*Too Many Requests|Too Many Requests.*\b429\b"),
-    # --- context overflow ---
-    sig("context.overflow", "maximum context length is",
-        r"maximum context length is (?P<max_model_len>\d+) tokens\. However, you requested (?P<requested>\d+)"),
-    sig("context.overflow", "must be <=", r"`?inputs`? tokens \+ `?max_new_tokens`? must be <="),
-    sig("context.overflow", "longer than the maximum model length",
-        r"\(length (?P<requested>\d+)\) is longer than the maximum model length of (?P<max_model_len>\d+)"),
-    sig("context.overflow", "is too long and exceeds limit of",
-        r"\((?P<requested>\d+) tokens\) is too long and exceeds limit of (?P<max_model_len>\d+)"),
-    sig("context.overflow", "exceeds the available context size"),
-    sig("context.overflow", "exceed_context_size_error"),
-    sig("context.overflow", "longer than the model's context length"),
-    sig("context.overflow", "truncating input prompt", r"limit=(?P<max_model_len>\d+) prompt=(?P<requested>\d+)"),
-    # --- gateways: nginx error log wording ---
-    sig("gateway.upstream_timeout", "upstream timed out",
-        r"upstream timed out \(110: (?:Connection|Operation) timed out\) while (?P<phase>reading response header from upstream|reading upstream|connecting to upstream|sending request to upstream)"),
-    sig("gateway.client_closed", "client prematurely closed connection"),
-    sig("gateway.client_closed", "while sending to client",
-        r"(?:writev|sendfile|send|SSL_write)\(\) failed \((?:32: Broken pipe|104: Connection reset by peer)\) while sending to client"),
-    # send_timeout / client_body_timeout: the client stopped reading or sending, and nginx closed on it
-    sig("gateway.client_closed", "client timed out", r"client timed out \(110: (?:Connection|Operation) timed out\) while"),
-    sig("gateway.connect_refused", "Connection refused) while connecting to upstream"),
-    sig("gateway.connect_refused", "no live upstreams"),
-    sig("gateway.upstream_closed", "upstream prematurely closed connection",
-        r"upstream prematurely closed connection while (?P<phase>reading response header from upstream|reading upstream)"),
-    sig("gateway.upstream_closed", "Connection reset by peer) while reading", r"recv\(\) failed \(104: Connection reset by peer\) while reading (?P<phase>response header from upstream|upstream)"),
-    # --- Envoy / ALB / Cloudflare bodies and HTML error pages ---
-    sig("gateway.upstream_timeout", "upstream request timeout", phase="envoy"),
-    sig("gateway.upstream_timeout", "stream timeout", r"^stream timeout$", phase="envoy-idle"),
-    sig("gateway.connect_refused", "upstream connect error or disconnect/reset before headers"),
-    sig("gateway.connect_refused", "no healthy upstream"),
-    sig("http.error_page", "Gateway Time", r"(?:<title>|<h1>)\s*(?P<status>504) Gateway Time-?out", status="504"),
-    sig("http.error_page", "Bad Gateway", r"(?:<title>|<h1>)\s*(?P<status>502) Bad Gateway"),
-    sig("http.error_page", "Service Unavailable", r"(?:<title>|<h1>)\s*(?P<status>503) Service (?:Temporarily )?Unavailable"),
-    sig("http.error_page", "Error code 524", status="504"),
-    sig("http.error_page", "status of 50", r"responded with a status of (?P<status>50[234])"),
-    sig("http.error_page", "Error code: 50", r"Error code: (?P<status>50[234])"),
-    # --- clients: SDKs, HTTP libraries, browsers ---
-    sig("client.stream_cut", "incomplete chunked read"),
-    sig("client.stream_cut", "RemoteProtocolError"),
-    sig("client.stream_cut", "ChunkedEncodingError"),
-    sig("client.stream_cut", "Response payload is not completed"),
-    sig("client.stream_cut", "ERR_INCOMPLETE_CHUNKED_ENCODING"),
-    sig("client.stream_cut", "IncompleteRead"),
-    sig("client.stream_cut", "ServerDisconnectedError"),
-    sig("client.timeout", "ReadTimeout"),
-    sig("client.timeout", "Read timed out"),
-    sig("client.timeout", "APITimeoutError"),
-    sig("client.timeout", "Request timed out"),
-    sig("client.timeout", "ServerTimeoutError"),
-    sig("client.timeout", "asyncio.exceptions.TimeoutError"),
-    sig("client.cancel", "AbortError"),
-    sig("client.cancel", "BodyStreamBuffer was aborted"),
-    sig("client.cancel", "net::ERR_ABORTED"),
-    sig("client.connect_refused", "Connection refused", r"\[Errno 111\] Connection refused|ECONNREFUSED|Cannot connect to host"),
-    sig("client.connect_refused", "ECONNREFUSED"),
-    sig("client.connect_refused", "APIConnectionError"),
-    # --- configuration that decides prefix caching ---
-    sig("cache.config", "prefix caching", r"Using prefix caching = (?P<enabled>True|False)|Prefix caching (?P<enabled2>true|false)"),
-    sig("cache.config", "Disabling prefix caching", enabled="False"),
-    sig("cache.config", "enable_prefix_caching", r"enable_prefix_caching['\"]?\s*[:=]\s*(?P<enabled>True|False)"),
-    sig("cache.config", "disable_radix_cache", r"disable_radix_cache['\"]?\s*[:=]\s*(?P<disabled>True|False)"),
-    # --- nginx configuration (a proxy that buffers SSE) ---
-    sig("config.proxy_buffering", "proxy_buffering", r"^\s*proxy_buffering\s+(?P<value>on|off)\s*;"),
-    sig("config.proxy_buffering", "X-Accel-Buffering", r"X-Accel-Buffering:?\s*\"?(?P<value>yes|no)", re.I),
-)
-_KEY_FIXUPS = {"gpu2": "gpu", "total2": "total", "enabled2": "enabled"}
+def _fail(origin: str, where: str, problem: str) -> CatalogError:
+    return CatalogError(f"{origin}: {where}: {problem}")
 
 
-def scan(message: str) -> list[tuple[str, dict]]:
-    """Every signature kind found in one message, with the fields its pattern extracts."""
+def _entry(raw, index: int, origin: str, kinds: dict, finding_ids: Iterable[str]) -> Signature:
+    where = f"entry {index + 1}"
+    if not isinstance(raw, dict):
+        raise _fail(origin, where, f"an entry is a mapping of keys to values, got {type(raw).__name__}")
+    if isinstance(raw.get("id"), str):
+        where = f"entry {index + 1} ({raw['id']})"
+    unknown = sorted(set(map(str, raw)) - _ENTRY_KEYS)
+    if unknown:
+        raise _fail(origin, where, f"unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_ENTRY_KEYS))})")
+    for key in _REQUIRED:
+        if not isinstance(raw.get(key), str) or not raw[key].strip():
+            raise _fail(origin, where, f"'{key}' is required and must be a non-empty string")
+    for key in ("pattern", "kind", "finding", "cause", "confidence", "next"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise _fail(origin, where, f"'{key}' must be a string")
+    if not _ID.match(raw["id"]):
+        raise _fail(origin, where, "'id' must be lower-case letters, digits, '.' and '-'")
+    kind = raw.get("kind") or "signature"
+    if kind not in kinds:
+        raise _fail(origin, where, f"unknown kind {kind!r} (known: {', '.join(sorted(kinds))})")
+    defaults = kinds[kind]
+    finding = raw.get("finding") or defaults.get("finding", "")
+    if kind == "signature" and not raw.get("finding"):
+        raise _fail(origin, where, "an entry of kind 'signature' needs a 'finding'")
+    if finding not in finding_ids:
+        raise _fail(origin, where, f"unknown finding {finding!r} (known: {', '.join(sorted(finding_ids))})")
+    confidence = raw.get("confidence") or defaults.get("confidence", "high")
+    if confidence not in CONFIDENCES:
+        raise _fail(origin, where, f"confidence must be one of {', '.join(CONFIDENCES)}, got {confidence!r}")
+    flags = re.IGNORECASE if raw.get("ignore_case") else 0
+    pattern = None
+    if raw.get("pattern"):
+        try:
+            pattern = re.compile(raw["pattern"], flags)
+        except re.error as exc:
+            raise _fail(origin, where, f"pattern does not compile ({exc})") from exc
+    fixed = raw.get("fields") or {}
+    if not isinstance(fixed, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in fixed.items()):
+        raise _fail(origin, where, "'fields' must map names to string values")
+    fields = dict(fixed)
+    if raw.get("cause"):
+        fields.setdefault("cause", raw["cause"])
+    if kind == "signature" or raw.get("confidence"):
+        fields.setdefault("confidence", confidence)
+    if kind == "signature":
+        fields.setdefault("finding", finding)
+        fields.setdefault("signature", raw["id"])
+    return Signature(
+        kind=kind, keyword=raw["keyword"], pattern=pattern, fields=tuple(fields.items()), id=raw["id"],
+        source=raw["source"], finding=finding, cause=raw.get("cause"), confidence=confidence,
+        meaning=raw["meaning"].strip(), next=(raw.get("next") or defaults.get("next", "")).strip(),
+        match_line=bool(raw.get("match_line")), origin=origin)
+
+
+def parse_catalog(text: str, origin: str, kinds: dict | None = None,
+                  taken: Iterable[str] = ()) -> Catalog:
+    """A catalog document (YAML): a `signatures` list, and `kinds` for the built-in file."""
+    from triage.model import FINDING_IDS  # (model imports nothing of this module)
+
+    finding_ids = (*FINDING_IDS, "unrecognised-error")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}" if mark is not None else "YAML"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise _fail(origin, at, f"not valid YAML ({problem})") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("signatures"), list):
+        raise CatalogError(f"{origin}: a catalog is a mapping with a 'signatures' list of entries")
+    if kinds is None:
+        kinds = doc.get("kinds")
+        if not isinstance(kinds, dict):
+            raise CatalogError(f"{origin}: the built-in catalog needs its 'kinds' table")
+    elif "kinds" in doc:
+        raise CatalogError(f"{origin}: 'kinds' belongs to the built-in catalog; give each entry a 'kind' "
+                           "or a 'finding' instead")
+    seen = set(taken)
+    out = []
+    for index, raw in enumerate(doc["signatures"]):
+        entry = _entry(raw, index, origin, kinds, finding_ids)
+        if entry.id in seen:
+            raise _fail(origin, f"entry {index + 1} ({entry.id})", "this id is used already")
+        seen.add(entry.id)
+        out.append(entry)
+    return Catalog(tuple(out), kinds)
+
+
+def _builtin() -> Catalog:
+    text = resources.files("triage").joinpath("signatures.yaml").read_text(encoding="utf-8")
+    return parse_catalog(text, "triage/signatures.yaml")
+
+
+BUILTIN = _builtin()
+CATALOG: Catalog = BUILTIN  # what scan() uses: the built-in entries, then the user's (use_catalog)
+SIGNATURES: tuple[Signature, ...] = BUILTIN.signatures
+
+
+def load_user_catalog(path: str) -> Catalog:
+    """The built-in catalog followed by the entries of the user's file; CatalogError when it cannot be used."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise CatalogError(f"{path}: no such file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"{path}: cannot read ({exc})") from exc
+    user = parse_catalog(text, path, BUILTIN.kinds, taken=(s.id for s in BUILTIN))
+    if not user.signatures:
+        raise CatalogError(f"{path}: 'signatures' is empty")
+    return Catalog(BUILTIN.signatures + user.signatures, BUILTIN.kinds)
+
+
+def use_catalog(catalog: Catalog) -> None:
+    """Makes scan() (and every reader of SIGNATURES) use catalog from now on."""
+    global CATALOG, SIGNATURES
+    CATALOG, SIGNATURES = catalog, catalog.signatures
+
+
+def keywords() -> tuple[str, ...]:
+    """The literal keywords of the catalog in use (every matching line holds one of them)."""
+    return tuple(dict.fromkeys(s.keyword for s in SIGNATURES))
+
+
+def scan(message: str, line: str | None = None) -> list[tuple[str, dict]]:
+    """Every signature kind found in one message (entries with match_line: in the whole line), with the
+    fields its pattern extracts. A line that matches a known message is no 'unrecognised' error."""
     found: list[tuple[str, dict]] = []
     kinds: set[str] = set()
+    whole = message if line is None else line
     for s in SIGNATURES:
-        if s.kind in kinds or s.keyword not in message:
+        text = whole if s.match_line else message
+        if s.kind in kinds or s.keyword not in text:
             continue
         fields: dict = dict(s.fields)
         if s.pattern is not None:
-            m = s.pattern.search(message)
+            m = s.pattern.search(text)
             if m is None:
                 continue
             for key, value in m.groupdict().items():
                 if value is not None:
                     fields[_KEY_FIXUPS.get(key, key)] = value
-        kinds.add(s.kind)
+        if s.kind != "signature":
+            kinds.add(s.kind)
         found.append((s.kind, fields))
     return found

@@ -168,7 +168,7 @@ def test_docker_json_wrapped_line():
      "no-kv-memory"),
     ("ValueError: Free memory on device cuda:0 (12.18/23.56 GiB) on startup is less than desired GPU memory "
      "utilization (0.92, 21.67 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
-     "oom.kv_capacity", "gpu-occupied"),
+     "oom.weights", "gpu-occupied"),
     ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
      "initializing the engine.", "oom.kv_capacity", "no-kv-memory"),
     ("llama_model_load: error loading model: unable to allocate CUDA0 buffer", "oom.weights", None),

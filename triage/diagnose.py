@@ -79,9 +79,32 @@ EXPLAINS = {
 }
 
 
+def merge(findings: list[Finding]) -> list[Finding]:
+    """One finding per (id, cause): a catalog entry's finding joins the one a rule made for the same cause
+    (its lines as corroboration); error lines nothing explains are kept only when no finding of medium or
+    high confidence names the incident."""
+    out: list[Finding] = []
+    by_key: dict = {}
+    for f in sorted(findings, key=lambda f: f.rank_key()):
+        key = (f.id, f.cause)
+        kept = by_key.get(key)
+        if kept is None:
+            by_key[key] = f
+            out.append(f)
+            continue
+        for group in f.evidence.groups.values():
+            gkey = (group.file, group.signal, False, group.first.text)
+            if gkey not in kept.evidence.groups and len(kept.evidence.groups) < kept.evidence.max_groups:
+                group.decisive = False
+                kept.evidence.groups[gkey] = group
+    if any(f.confidence.value != "low" and f.id != "unrecognised-error" for f in out):
+        out = [f for f in out if f.id != "unrecognised-error"]
+    return out
+
+
 def rank(findings: list[Finding]) -> list[Finding]:
     """Confidence tier, then causal order; then every cause is moved ahead of the symptoms it explains."""
-    ordered = sorted(findings, key=lambda f: f.rank_key())
+    ordered = sorted(merge(findings), key=lambda f: f.rank_key())
     changed = True
     while changed:
         changed = False

@@ -29,6 +29,7 @@ FINDING_IDS = (
     "stream-cut-client-disconnect",
     "stream-cut-proxy-buffering",
     "cache-miss",
+    "unrecognised-error",  # an error line no signature explains: always low confidence, always last
 )
 # Causal precedence: a cause earlier here explains symptoms later here (a driver mismatch makes
 # OOM-looking errors, an OOM kills the engine, a dead engine cuts streams and empties the cache).

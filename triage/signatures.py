@@ -201,4 +201,6 @@ def scan(message: str, line: str | None = None) -> list[tuple[str, dict]]:
         if s.kind != "signature":
             kinds.add(s.kind)
         found.append((s.kind, fields))
+    if len(found) > 1 and "log.error" in kinds:  # explained by a known message: not unrecognised
+        found = [item for item in found if item[0] != "log.error"]
     return found

@@ -210,7 +210,7 @@ class FileParser:
             if len(self.frames) < MAX_FRAMES:
                 self.frames.append(m.group("func"))
             return []
-        events = [Event(ts, source, kind, fields, self.file, lineno, line) for kind, fields in scan(msg)]
+        events = [Event(ts, source, kind, fields, self.file, lineno, line) for kind, fields in scan(msg, line)]
         if "cu" in msg and (m := _CUDA_RUNTIME.search(msg)):
             events.append(Event(ts, source, "cuda.runtime", {"version": _cuda_version(m)}, self.file, lineno, line))
         if self.frames and (events or _EXC_LINE.match(stripped)):

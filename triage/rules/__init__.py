@@ -8,7 +8,7 @@ SEVERITY = {
     "driver-mismatch": "critical", "oom-weights": "critical", "oom-kv-capacity": "critical",
     "oom-runtime": "critical", "engine-crash": "critical", "context-overflow": "low", "kv-preemption": "high",
     "queue-backlog": "high", "stream-cut-gateway-timeout": "high", "stream-cut-client-disconnect": "medium",
-    "stream-cut-proxy-buffering": "medium", "cache-miss": "medium",
+    "stream-cut-proxy-buffering": "medium", "cache-miss": "medium", "unrecognised-error": "low",
 }
 
 
@@ -27,6 +27,8 @@ class Candidate:
         self.counter: list[str] = []
 
     def add(self, ev: Event, signal: str, decisive: bool, request_ids=()) -> None:
+        if decisive and ev.fields.get("confidence") in ("medium", "low"):
+            decisive = False  # a catalog entry that is only a strong hint alone corroborates, never decides
         self.evidence.add(ev, signal, decisive)
         if decisive:
             self.num_decisive += 1
@@ -148,8 +150,9 @@ def request_ids_of(ev: Event) -> list[str]:
 
 def all_rules() -> list[Rule]:
     from triage.rules.cache import CacheRule
+    from triage.rules.catalog import SignatureRule
     from triage.rules.load import LoadRule
     from triage.rules.memory import MemoryRule
     from triage.rules.streams import StreamRule
 
-    return [MemoryRule(), LoadRule(), StreamRule(), CacheRule()]
+    return [MemoryRule(), LoadRule(), StreamRule(), CacheRule(), SignatureRule()]

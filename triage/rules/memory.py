@@ -161,8 +161,8 @@ class MemoryRule(Rule):
 
     def _oom(self, ev: Event) -> None:
         phase = self._phase_from_frames(ev.fields.get("frames", []))
-        if phase is None:
-            phase = self.file_phase.get(ev.file)
+        if phase is None:  # a message that names its phase (the catalog's fixed field), then the file's markers
+            phase = ev.fields.get("phase") or self.file_phase.get(ev.file)
         if phase is None:
             # No marker: a host OOM kill most often hits while weights load; a bare CUDA OOM is run time,
             # unless a marker after it says the engine never started.

@@ -90,7 +90,8 @@ def client_finding(rule, facts) -> Finding | None:
     if facts.num_requests >= 100 and c.num_decisive < RARE_DISCONNECT_SHARE * facts.num_requests:
         return None  # a tab closed now and then in a busy log is not an incident
     if not c.num_decisive:
-        if rule.timeout.num_decisive or rule.crash.num_decisive or not rule.aborts:
+        # hints alone (a catalog entry of medium confidence) or engine aborts: medium, when nothing decided
+        if rule.timeout.num_decisive or rule.crash.num_decisive or not (rule.aborts or c.num_corroborating):
             return None
     c.merge(rule.aborts)
     for ev in rule.abort_metrics:

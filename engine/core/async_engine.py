@@ -93,8 +93,7 @@ class AsyncEngine:
             self._check_alive()
             if request_id in self._streams:
                 raise errors.InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
-            num_pending = sum(isinstance(p, _PendingAdd) for p in self._pending)
-            if self.max_queue_len is not None and self.engine.num_waiting + num_pending >= self.max_queue_len:
+            if self.max_queue_len is not None and self._num_unschedulable() >= self.max_queue_len:
                 raise errors.QueueFullError(
                     f"The waiting queue is full ({self.max_queue_len} requests); retry later"
                 )
@@ -114,6 +113,21 @@ class AsyncEngine:
                 self.abort(request_id)
             with self._lock:
                 self._streams.pop(request_id, None)
+
+    def _num_unschedulable(self) -> int:
+        """Requests that the next step cannot schedule: what --max-queue-len counts (under the lock).
+
+        The engine's waiting queue holds what the last step could not schedule, and nothing
+        overtakes it, so while it is not empty every new arrival waits too. While it is empty,
+        arrivals since the last step wait only beyond the free batch slots: a burst onto an idle
+        engine is scheduled at once, not refused for having arrived between two steps.
+        """
+        num_pending = sum(isinstance(p, _PendingAdd) for p in self._pending)
+        num_waiting = self.engine.num_waiting
+        if num_waiting:
+            return num_waiting + num_pending
+        num_free_slots = self.engine.config.max_num_seqs - self.engine.num_running
+        return max(num_pending - num_free_slots, 0)
 
     def abort(self, request_id: str) -> None:
         with self._lock:

@@ -35,7 +35,8 @@ class SamplingParams:
         if self.seed is not None and not _is_int(self.seed):
             raise _bad("seed", f"must be an integer, got {self.seed!r}")
         if not isinstance(self.stop, list) or any(not isinstance(s, str) or not s for s in self.stop):
-            raise _bad("stop", f"must be a list of non-empty strings, got {self.stop!r}")
+            # The strings themselves stay out of the message: it is logged, and prompts are not.
+            raise _bad("stop", "must be a list of non-empty strings")
         if not isinstance(self.stop_token_ids, list):
             raise _bad("stop_token_ids", f"must be a list of token ids, got {self.stop_token_ids!r}")
         for token_id in self.stop_token_ids:

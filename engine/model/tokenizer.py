@@ -97,6 +97,7 @@ class ByteTokenizer:
         self._template = ChatTemplate(BYTE_CHAT_TEMPLATE, "<|begin_of_text|>", "<|end_of_text|>")
 
     def encode(self, text: str) -> list[int]:
+        check_encodable(text)
         ids: list[int] = []
         for piece in self._split.split(text):
             special = self.special_to_id.get(piece)
@@ -145,6 +146,7 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         # A rendered chat template already starts with the bos text: do not add a second bos.
         add_special = not (self.bos_token and text.startswith(self.bos_token))
+        check_encodable(text)
         return self._tok.encode(text, add_special_tokens=add_special).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -157,6 +159,16 @@ class HFTokenizer:
                 "use the completions endpoint", param="messages",
             )
         return self._template.render(messages)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_encodable(text: str) -> None:
+    """InvalidRequestError for text no tokenizer can encode: a lone UTF-16 surrogate is not Unicode text."""
+    if _SURROGATE.search(text):
+        raise InvalidRequestError("the prompt holds a lone UTF-16 surrogate, which is not valid Unicode text",
+                                  param="prompt")
 
 
 def read_json(path: Path) -> dict:

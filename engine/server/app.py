@@ -46,14 +46,30 @@ def _tb(exc: BaseException) -> str:
 
 
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    if first.get("type") == "json_invalid":
-        message, param = "The request body is not valid JSON.", None
-    else:
-        message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid value')}"
-        param = ".".join(loc) or None
+    errors = exc.errors()
+    if not errors or errors[0].get("type") == "json_invalid":
+        return _error_response(request, BadRequest("The request body is not valid JSON.", None))
+    # A value failing every member of a union (`stop`: str or list) gives one error per member:
+    # the deepest says most (the list member's bad item rather than "not a string").
+    first = max(errors, key=lambda e: len(_field_path(e.get("loc", ()))))
+    param = ".".join(_field_path(first.get("loc", ()))) or None
+    message = f"{param or 'body'}: {_problem(first)}"
     return _error_response(request, BadRequest(message, param))
+
+
+def _field_path(loc) -> list[str]:
+    """The error's location as field names and list indices; union member tags (`str`, `list[str]`) dropped."""
+    return [str(part) for part in loc if isinstance(part, int) or part in p.FIELD_NAMES]
+
+
+def _problem(error: dict) -> str:
+    """pydantic's message, except for NaN and infinity, which it calls "not finite" or out of range."""
+    value = error.get("input")
+    if isinstance(value, float) and value != value:
+        return "NaN is not a number"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return f"{value} is not a finite number"
+    return error.get("msg", "invalid value")
 
 
 def create_app(state: ServerState):

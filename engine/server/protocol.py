@@ -1,20 +1,27 @@
 """Pydantic request models of the OpenAI API subset we serve, and the response bodies we build."""
 
+import re
 import time
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# JSON types as OpenAI's schema gives them: "16" is not an integer, true is not a number, "yes" is
+# not a boolean (strict: pydantic's default lax mode would coerce each). Fields OpenAI does not
+# define are ignored, as OpenAI does.
+STRICT = ConfigDict(extra="ignore", strict=True)
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     include_usage: bool | None = False
 
 
 class SamplingFields(BaseModel):
     """Fields shared by both endpoints; vLLM's extras ignore_eos and top_k included."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
@@ -25,18 +32,20 @@ class SamplingFields(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=1)] | None = 1
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     ignore_eos: bool | None = False
     user: str | None = None
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
 
@@ -55,6 +64,33 @@ class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[
         list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
     echo: bool | None = False
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_field(value, path: str = "") -> str | None:
+    """The dotted path of the first string in a request holding a lone UTF-16 surrogate, else None.
+
+    JSON can carry one (`"\\ud83d"` alone) but it is not Unicode text: no tokenizer can encode it.
+    """
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    if isinstance(value, BaseModel):
+        items = ((name, getattr(value, name)) for name in type(value).model_fields)
+    elif isinstance(value, list):
+        if all(type(item) is int for item in value):  # token ids: nothing to look into
+            return None
+        items = enumerate(value)
+    elif isinstance(value, dict):
+        items = value.items()
+    else:
+        return None
+    for key, item in items:
+        found = lone_surrogate_field(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def usage(num_prompt: int, num_completion: int, num_cached: int) -> dict:
@@ -103,3 +139,8 @@ def completion_response(rid: str, model: str, created: int, text: str, finish: s
 def model_list(model: str, created: int) -> dict:
     return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
                                         "owned_by": "llmsre"}]}
+
+
+# Every field name of the request models: what an error location names (the rest are union member tags).
+FIELD_NAMES = frozenset(name for model in (ChatCompletionRequest, CompletionRequest, ChatMessage, ContentPart,
+                                           StreamOptions) for name in model.model_fields)

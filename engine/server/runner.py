@@ -2,6 +2,7 @@
 
 import asyncio
 import socket
+import sys
 import time
 
 import uvicorn
@@ -12,6 +13,7 @@ from engine.server.state import AbortReason, ServerState
 
 DEAD_POLL_S = 0.2
 GRACEFUL_CLOSE_S = 5.0
+SHUTDOWN_CLOSE_S = 2.0  # after a second signal: time for the aborted requests' answers to go out
 
 
 class LLMServer(uvicorn.Server):
@@ -19,7 +21,9 @@ class LLMServer(uvicorn.Server):
 
     Drain: readiness turns false (new completions get 503), running requests may finish until
     the drain timeout, the rest are aborted (an error event, then [DONE]), then uvicorn stops.
-    A second signal stops at once. The signal is not re-raised afterwards, so the exit is 0.
+    A second signal stops at once: what is still running is aborted as `shutdown` (its client gets
+    the error event), counted in engine.shutdown, and the server closes when those answers are
+    out (a third signal does not wait for them). No signal is re-raised afterwards: the exit is 0.
     """
 
     def __init__(self, config: uvicorn.Config, state: ServerState):
@@ -28,20 +32,54 @@ class LLMServer(uvicorn.Server):
         self.exit_reason: str | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._drain_task: asyncio.Task | None = None
+        self._stopping = False
 
     def handle_exit(self, sig: int, frame) -> None:
-        if self.state.draining or self.loop is None:
+        if self.loop is None:
             self.should_exit = True
-            self.force_exit = self.state.draining
             return
-        self.loop.call_soon_threadsafe(self.begin_drain)
+        self.loop.call_soon_threadsafe(self.stop_now if self.state.draining else self.begin_drain)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            host, port = self.servers[0].sockets[0].getsockname()[:2] if self.servers else (self.config.host,
+                                                                                            self.config.port)
+            shown = f"[{host}]" if ":" in str(host) else host
+            print(f"llmserve: listening on http://{shown}:{port} (model {self.state.model_name})",
+                  file=sys.stderr, flush=True)
 
     def begin_drain(self) -> None:
         if self.state.draining:
             return
         self.state.draining = True
+        self.state.num_drain_live = len(self.state.live)
         self.exit_reason = "sigterm"
-        self._spawn(self._drain())
+        self._drain_task = self._spawn(self._drain())
+
+    def stop_now(self) -> None:
+        """A second signal: abort what still runs (reason `shutdown`) and close once they are answered."""
+        if self._stopping:
+            self.should_exit = self.force_exit = True
+            return
+        self._stopping = True
+        if self._drain_task is not None:
+            self._drain_task.cancel()
+        state = self.state
+        remaining = list(state.live)
+        for request_id in remaining:
+            state.abort(request_id, AbortReason.SHUTDOWN)
+        state.num_drain_aborted = len(remaining)
+        state.num_drained = max(state.num_drain_live - len(remaining), 0)
+        self._spawn(self._close_when_answered())
+
+    async def _close_when_answered(self) -> None:
+        end = time.monotonic() + SHUTDOWN_CLOSE_S
+        while self.state.live and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+        self.should_exit = True
+        self.force_exit = bool(self.state.live)  # a wedged step: do not wait on its requests
 
     def on_fatal(self) -> None:
         """Called from the step thread when the engine dies: stop serving, exit non-zero."""
@@ -54,14 +92,14 @@ class LLMServer(uvicorn.Server):
             self.state.fatal = True
             self.should_exit = True
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _drain(self) -> None:
         state = self.state
-        num_live = len(state.live)
         deadline = time.monotonic() + state.config.drain_timeout_s
         while state.live and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -72,7 +110,7 @@ class LLMServer(uvicorn.Server):
         while state.live and time.monotonic() < end:
             await asyncio.sleep(0.02)
         state.num_drain_aborted = len(remaining)
-        state.num_drained = num_live - len(remaining)
+        state.num_drained = state.num_drain_live - len(remaining)
         self.should_exit = True
 
     async def _watch_dead(self) -> None:

@@ -17,6 +17,7 @@ from engine.obs.tracing import SpanInfo
 from engine.server import protocol as p
 from engine.server.errors import (
     APIError,
+    BadRequest,
     ModelNotFound,
     NotReady,
     RequestTimeout,
@@ -110,6 +111,10 @@ def admit(state: ServerState, request: Request, body, operation: str) -> Job:
     prefix = "chatcmpl-" if operation == CHAT else "cmpl-"
     request_id = prefix + uuid.uuid4().hex
     request.state.request_id = request_id
+    bad_text = p.lone_surrogate_field(body)
+    if bad_text is not None:
+        raise BadRequest(f"{bad_text} holds a lone UTF-16 surrogate, which is not valid Unicode text: send whole "
+                         "characters (the character itself, or both halves of its surrogate pair)", bad_text)
     if not state.is_ready():
         raise NotReady("The server is not ready: " + _not_ready_why(state), code="not_ready")
     if body.model != state.model_name:
@@ -190,6 +195,8 @@ def _finish_error(state: ServerState, job: Job, output: RequestOutput) -> APIErr
         live = state.live.get(job.request_id)
         if live is not None and live.abort_reason == AbortReason.DRAIN:
             return Unavailable("The server is shutting down; the request was aborted.", code="draining")
+        if live is not None and live.abort_reason == AbortReason.SHUTDOWN:
+            return Unavailable("The server was told to stop at once; the request was aborted.", code="shutdown")
         if state.engine.is_dead:
             return Unavailable("The engine is dead.", code="engine_dead")
         return APIError("The request was aborted.", code="aborted")
@@ -212,6 +219,10 @@ async def complete(state: ServerState, request: Request, job: Job) -> JSONRespon
         if not collect.done():
             state.abort(job.request_id, AbortReason.CLIENT_DISCONNECT)
             await asyncio.wait({collect}, timeout=5)
+            if not collect.done():
+                collect.cancel()
+            elif not collect.cancelled():
+                collect.exception()  # the abort's own error, expected: retrieved so asyncio does not report it
             return JSONResponse(map_exception(APIError("client disconnected")).body, status_code=499)
         collect.result()
     finally:

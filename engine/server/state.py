@@ -33,7 +33,8 @@ class ServerConfig:
 class AbortReason:
     CLIENT_DISCONNECT = "client_disconnect"
     TIMEOUT = "timeout"
-    DRAIN = "drain"
+    DRAIN = "drain"  # the drain timeout ended it
+    SHUTDOWN = "shutdown"  # a second signal during the drain stopped the server at once
 
 
 @dataclass(slots=True)
@@ -57,6 +58,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     live: dict[str, LiveRequest] = field(default_factory=dict)
     draining: bool = False
+    num_drain_live: int = 0  # requests live when the drain began
     num_drained: int = 0
     num_drain_aborted: int = 0
     fatal: bool = False

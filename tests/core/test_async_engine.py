@@ -131,22 +131,43 @@ def test_a_fatal_error_kills_the_loop_visibly(make_async):
 
 
 def test_queue_full_and_prompt_too_long_are_raised_to_the_caller(make_async):
-    engine = make_async(max_queue_len=1, start=False)
+    engine = make_async(max_queue_len=1, start=False, max_num_seqs=1)
 
     async def main():
-        first = engine.generate("a", PROMPTS[0], GREEDY)
-        pending = asyncio.create_task(first.__anext__())
-        await asyncio.sleep(0)  # the first request is queued
+        first = engine.generate("a", PROMPTS[0], GREEDY)  # takes the one batch slot
+        second = engine.generate("b", PROMPTS[1], GREEDY)  # the one request the queue may hold
+        pending = [asyncio.create_task(first.__anext__()), asyncio.create_task(second.__anext__())]
+        await asyncio.sleep(0)  # both are queued
         with pytest.raises(errors.QueueFullError, match="waiting queue is full"):
-            await engine.generate("b", PROMPTS[1], GREEDY).__anext__()
+            await engine.generate("c", PROMPTS[2], GREEDY).__anext__()
         with pytest.raises(errors.PromptTooLongError):
-            await engine.generate("c", [1] * 30, GREEDY).__anext__()
+            await engine.generate("d", [1] * 30, GREEDY).__anext__()
         engine.start()
-        out = await pending
+        outs = await asyncio.gather(*pending)
         await first.aclose()
-        return out
+        await second.aclose()
+        return outs
 
-    assert asyncio.run(main()).request_id == "a"
+    assert [out.request_id for out in asyncio.run(main())] == ["a", "b"]
+
+
+def test_queue_limit_counts_requests_beyond_the_free_batch_slots(make_async):
+    """A burst onto an idle engine fills its free slots first: only what no slot can take is queued."""
+    engine = make_async(max_queue_len=2, start=False, max_num_seqs=6, num_kv_blocks=128)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+
+    async def main():
+        streams = [engine.generate(f"r{i}", PROMPTS[i % 4], params) for i in range(9)]
+        firsts = [asyncio.ensure_future(stream.__anext__()) for stream in streams]
+        await asyncio.sleep(0)
+        refused = [f for f in firsts if f.done() and isinstance(f.exception(), errors.QueueFullError)]
+        engine.start()
+        accepted = [await f for f in firsts if f not in refused]
+        for stream in streams:
+            await stream.aclose()
+        return len(accepted), len(refused)
+
+    assert asyncio.run(main()) == (8, 1)  # 6 slots + 2 queued; the ninth is refused
 
 
 def test_shutdown_aborts_requests_in_flight(make_async):

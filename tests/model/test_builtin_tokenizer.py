@@ -133,3 +133,13 @@ def test_hf_tokenizer_load_errors(tmp_path):
     (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": 42}')
     with pytest.raises(ModelLoadError, match="tokenizer.json: cannot load tokenizer"):
         HFTokenizer(tmp_path)
+
+
+def test_a_lone_surrogate_is_an_invalid_request_not_a_crash(tmp_path):
+
+    write_tokenizer(tmp_path)
+    for tokenizer in (ByteTokenizer(), HFTokenizer(tmp_path)):
+        with pytest.raises(InvalidRequestError, match="lone UTF-16 surrogate") as info:
+            tokenizer.encode("half an emoji: \ud83d")
+        assert info.value.param == "prompt"
+        assert tokenizer.decode(tokenizer.encode("a whole one: \U0001f600")) == "a whole one: \U0001f600"

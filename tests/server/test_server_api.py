@@ -184,3 +184,59 @@ def test_sampling_edge_values_never_fail_the_engine(server, extra, status):
     assert response.status_code == status, response.text
     if status == 200:
         assert response.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def _post_raw(server, path: str, body: dict) -> httpx.Response:
+    """json.dumps escapes a lone surrogate as \\udXXX (httpx's own encoder cannot encode one at all)."""
+    return server.client.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize("path, extra, param", [
+    ("/v1/completions", {"prompt": "bad \ud83d text"}, "prompt"),
+    ("/v1/completions", {"prompt": ["bad \udc00"]}, "prompt.0"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ok"},
+                                           {"role": "user", "content": "x\ud83d"}]}, "messages.1.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+     "messages.0.content.0.text"),
+    ("/v1/completions", {"prompt": "fine", "stop": ["ok", "\udfff"]}, "stop.1"),
+])
+def test_lone_surrogate_is_400_naming_the_field(server, path, extra, param):
+    before = len(server.logs.events("engine.error"))
+    error = _error(_post_raw(server, path, {"model": "builtin", "max_tokens": 2, **extra}), 400)
+    assert error["param"] == param and error["message"].startswith(f"{param} holds a lone UTF-16 surrogate")
+    assert len(server.logs.events("engine.error")) == before  # refused, not failed
+
+
+@pytest.mark.parametrize("extra, param, fragment", [
+    ({"max_tokens": "16"}, "max_tokens", "valid integer"),
+    ({"max_tokens": True}, "max_tokens", "valid integer"),
+    ({"max_tokens": 16.5}, "max_tokens", "valid integer"),
+    ({"stream": "yes"}, "stream", "valid boolean"),
+    ({"temperature": "0.5"}, "temperature", "valid number"),
+    ({"temperature": float("nan")}, "temperature", "NaN is not a number"),
+    ({"top_p": float("inf")}, "top_p", "inf is not a finite number"),
+    ({"presence_penalty": 5}, "presence_penalty", "less than or equal to 2"),
+    ({"frequency_penalty": -2.5}, "frequency_penalty", "greater than or equal to -2"),
+    ({"stop": ["a", 3]}, "stop.1", "valid string"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "text": "x"}]}]},
+     "messages.0.content.0.type", "'text'"),
+])
+def test_json_types_are_strict_as_openai_schema(server, extra, param, fragment):
+    body = {"model": "builtin", "messages": CHAT, "max_tokens": 2, **extra}
+    error = _error(_post_raw(server, "/v1/chat/completions", body), 400)
+    assert error["param"] == param and error["message"].startswith(f"{param}: ")
+    assert fragment in error["message"], error["message"]
+
+
+def test_integral_numbers_stay_numbers(server):
+    """An integer where OpenAI's schema says number is a number (temperature 1 is 1.0)."""
+    body = {"model": "builtin", "prompt": "x", "max_tokens": 1, "temperature": 1, "top_p": 1, "presence_penalty": 0}
+    assert _post_raw(server, "/v1/completions", body).status_code == 200
+
+
+def test_stop_strings_stay_out_of_the_logs(server):
+    body = {"model": "builtin", "prompt": "x", "max_tokens": 2, "stop": ["SECRET-STOP-STRING", ""]}
+    error = _error(_post_raw(server, "/v1/completions", body), 400)
+    assert error["param"] == "stop" and "SECRET" not in error["message"]
+    assert server.logs.events("request.rejected")[-1]["reason"] == "invalid"
+    assert not [line for line in server.logs.lines if "SECRET-STOP-STRING" in line]

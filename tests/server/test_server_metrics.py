@@ -122,6 +122,30 @@ def test_full_queue_answers_429_with_retry_after():
         harness.stop()
 
 
+def test_queue_limit_lets_a_burst_onto_free_batch_slots():
+    """--max-queue-len counts requests no batch slot can take: an idle server takes a burst of 12 with 8."""
+    harness = start_server(server_kw={"max_queue_len": 8})
+    try:
+        statuses = []
+        go = threading.Barrier(12)
+
+        def one():
+            with httpx.Client(base_url=harness.url, timeout=60) as client:
+                go.wait()
+                body = {"model": "builtin", "prompt": "burst", "max_tokens": 4, "ignore_eos": True}
+                statuses.append(client.post("/v1/completions", json=body).status_code)
+
+        threads = [threading.Thread(target=one) for _ in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert statuses == [200] * 12
+        assert not harness.logs.events("request.rejected")
+    finally:
+        harness.stop()
+
+
 def test_request_timeout_ends_stream_with_error_event_and_504():
     harness = start_server(server_kw={"request_timeout_s": 0.5})
     try:

@@ -82,6 +82,38 @@ def test_sigterm_drains_running_streams_then_exits_zero():
     assert [r["reason"] for r in logs if r["event"] == "request.aborted"] == ["drain"]
 
 
+def test_client_leaving_and_a_second_sigterm_are_logged_as_what_they_are():
+    """A non-streaming client that leaves, then SIGTERM twice: stderr holds only the listening line."""
+    proc, url = _spawn("--drain-timeout", "30", "--max-model-len", "4096")
+    out: dict = {}
+    try:
+        body = {"model": "builtin", "prompt": "leave", "max_tokens": 4000, "ignore_eos": True}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/completions", json=body, timeout=1.0)
+        started = threading.Event()
+        thread = threading.Thread(target=_stream, args=(url, 4000, out, "long", started))
+        thread.start()
+        assert started.wait(60), "the stream never started"
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/ready").status_code != 503:
+            assert time.monotonic() < deadline, "readiness never turned false"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)  # stop now: the drain (30 s) is not waited for
+        thread.join(timeout=60)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    stdout, stderr = proc.communicate()
+    port = url.rsplit(":", 1)[1]
+    assert stderr.splitlines() == [f"llmserve: listening on http://127.0.0.1:{port} (model builtin)"]
+    assert out["long"][-1] == "[DONE]" and json.loads(out["long"][-2])["error"]["code"] == "shutdown"
+    logs = [json.loads(line) for line in stdout.splitlines()]
+    assert [r["reason"] for r in logs if r["event"] == "request.aborted"] == ["client_disconnect", "shutdown"]
+    (shutdown,) = [r for r in logs if r["event"] == "engine.shutdown"]
+    assert (shutdown["reason"], shutdown["drained"], shutdown["aborted"]) == ("sigterm", 0, 1)
+
+
 def test_injected_crash_logs_fatal_error_and_exits_non_zero(tmp_path):
     """The command's own run() in a thread (main() only adds sys.exit): its exit code is 1."""
     log_file, port, result = tmp_path / "llmserve.log", _free_port(), {}

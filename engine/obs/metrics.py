@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client.core import GaugeMetricFamily, UnknownMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 
 from engine.core.outputs import FinishReason, RequestOutput
 from engine.obs.stats import RequestStats, StepStats
@@ -80,7 +80,7 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("llm_batch_size", Kind.HISTOGRAM, "Sequences in one engine step.", ("model",), BATCH_BUCKETS),
     MetricSpec("llm_engine_info", Kind.INFO, "Static facts about the engine.",
                ("model", "model_digest", "block_size", "prefix_caching", "max_model_len", "dtype", "device",
-                "version")),
+                "version", "max_num_seqs", "max_num_batched_tokens")),
 )
 SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
 _STEP_SERIES = ("llm_requests_running", "llm_requests_waiting", "llm_kv_cache_blocks_capacity",
@@ -116,24 +116,6 @@ class _ReadyCollector:
         yield family
 
 
-class _BlocksTotalCollector:
-    """`llm_kv_cache_blocks_total`, the issue's name for the pool size, exposed untyped.
-
-    The value is a gauge's, but promtool's lint rejects `_total` on a gauge and accepts it on an
-    untyped family; `llm_kv_cache_blocks_capacity` carries the same value typed as a gauge.
-    """
-
-    def __init__(self, model: str):
-        self.model = model
-        self.num_blocks = 0
-
-    def collect(self):
-        family = UnknownMetricFamily("llm_kv_cache_blocks_total", "KV cache blocks in the pool (untyped: "
-                                     "same value as llm_kv_cache_blocks_capacity).", labels=["model"])
-        family.add_metric([self.model], float(self.num_blocks))
-        yield family
-
-
 class PrometheusSink:
     """Turns StepStats and finished RequestStats into the metrics of SPECS (a step listener)."""
 
@@ -142,8 +124,6 @@ class PrometheusSink:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.m = {spec.name: _build(spec, self.registry) for spec in SPECS if spec.name != "llm_engine_ready"}
         self.registry.register(_ReadyCollector(model, is_ready))
-        self._blocks_total = _BlocksTotalCollector(model)
-        self.registry.register(self._blocks_total)
         self.m["llm_engine_info"].info({"model": model, **info})
         for reason in FINISH_REASONS:
             self.m["llm_requests_finished_total"].labels(model, reason)
@@ -158,9 +138,8 @@ class PrometheusSink:
     def _one(self, name: str):
         return self.m[name].labels(self.model)
 
-    def set_blocks_total(self, num_blocks: int) -> None:
+    def set_blocks_capacity(self, num_blocks: int) -> None:
         self._one("llm_kv_cache_blocks_capacity").set(num_blocks)
-        self._blocks_total.num_blocks = num_blocks
 
     def on_step(self, stats: StepStats | None, outputs: list[RequestOutput]) -> None:
         if stats is not None:
@@ -174,7 +153,6 @@ class PrometheusSink:
         m["llm_requests_running"].set(s.num_running)
         m["llm_requests_waiting"].set(s.num_waiting)
         m["llm_kv_cache_blocks_capacity"].set(s.num_blocks_total)
-        self._blocks_total.num_blocks = s.num_blocks_total
         m["llm_kv_cache_blocks_used"].set(s.num_blocks_used)
         m["llm_kv_cache_blocks_cached"].set(s.num_blocks_cached)
         m["llm_kv_cache_usage_ratio"].set(s.kv_usage)

@@ -55,9 +55,10 @@ def build_state(llm: LLMEngine, config: ServerConfig, log: EventLogger,
     info = {"model_digest": llm.model_digest, "block_size": str(cap.block_size),
             "prefix_caching": str(llm.config.enable_prefix_caching).lower(),
             "max_model_len": str(llm.max_model_len), "dtype": str(cap.dtype), "device": str(cap.device),
-            "version": package_version()}
+            "version": package_version(), "max_num_seqs": str(llm.config.max_num_seqs),
+            "max_num_batched_tokens": str(llm.config.max_num_batched_tokens)}
     state.metrics = PrometheusSink(model, info, state.is_ready)
-    state.metrics.set_blocks_total(cap.num_blocks)
+    state.metrics.set_blocks_capacity(cap.num_blocks)
     state.events = RequestEventSink(log, stats_interval_s=config.stats_interval_s)
     if tracer_provider is not None:
         state.tracer = RequestTracer(tracer_provider)

@@ -65,21 +65,24 @@ def _run(args: argparse.Namespace) -> int:
         raise UnknownScenarioError("run needs scenario names or --all (see: python -m gameday list)")
     root = args.report_dir / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     root.mkdir(parents=True, exist_ok=True)  # a bad --report-dir stops here, before anything starts
-    failed = []
+    failed, too_busy = [], []
     for scenario in scenarios:
         print(f"[gameday] {scenario.name}: {scenario.summary}", file=sys.stderr, flush=True)
         result = run_scenario(scenario, root)
-        status = "PASS" if result.passed else "FAIL"
+        status = {"pass": "PASS", "too-busy": "TOO-BUSY"}.get(result.verdict, "FAIL")
         print(f"{status} {result.name} {result.duration_s:.0f}s alerts={result.alerts_firing} "
               f"finding={result.first_finding}" + (f"({result.first_cause})" if result.first_cause else ""),
               flush=True)
         for failure in result.failures:
             print(f"    - {failure}", flush=True)
-        if not result.passed:
+        if result.verdict == "too-busy":
+            too_busy.append(result.name)
+        elif not result.passed:
             failed.append(result.name)
     print(f"reports: {root}", file=sys.stderr)
-    print(json.dumps({"scenarios": len(scenarios), "passed": len(scenarios) - len(failed), "failed": failed}))
-    return 1 if failed else 0
+    passed = len(scenarios) - len(failed) - len(too_busy)
+    print(json.dumps({"scenarios": len(scenarios), "passed": passed, "failed": failed, "too_busy": too_busy}))
+    return 1 if failed else 3 if too_busy else 0
 
 
 def main(argv: list[str] | None = None) -> int:

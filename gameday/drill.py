@@ -6,8 +6,11 @@ rules in which every duration is divided by DRILL_FACTOR (60: 5m -> 5s, 1h -> 1m
 and steps (`[1h:5m]`) and `offset`s. Two floors keep the maths sound at a 1 s scrape interval:
 range windows are at least MIN_RANGE_MS (4 s: four scrapes, so rate() always has two or more
 samples), and `for`, `keep_firing_for`, `interval` and subquery steps are at least MIN_STEP_MS
-(1 s: one evaluation). Plain numbers inside expressions (`time() - x > 300`) are not durations to
-PromQL and are left alone. The copies are generated, never edited by hand.
+(1 s: one evaluation). An alert that reads `up` (a target down) keeps a `for` of at least
+MIN_DOWN_FOR_MS (10 s: ten scrapes in a row, each failing after the 1 s scrape timeout): one
+scrape that a busy machine answers too late sets `up` to 0 for one second, and a 1 s `for` would
+page on it. Plain numbers inside expressions (`time() - x > 300`) are not durations to PromQL and
+are left alone. The copies are generated, never edited by hand.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from gameday.errors import DrillRuleError, ToolMissingError
 DRILL_FACTOR = 60
 MIN_RANGE_MS = 4_000
 MIN_STEP_MS = 1_000
+MIN_DOWN_FOR_MS = 10_000
 
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
             "w": 604_800_000, "y": 31_536_000_000}
@@ -31,6 +35,8 @@ _DUR = r"(?:\d+(?:ms|[smhdwy]))+"
 _PART = re.compile(r"(\d+)(ms|[smhdwy])")
 _RANGE = re.compile(rf"\[\s*({_DUR})\s*(?::\s*({_DUR})?\s*)?\]")
 _OFFSET = re.compile(rf"\boffset(\s+)(-?)({_DUR})\b")
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+_UP = re.compile(r"(?<![\w:.])up(?![\w:])")
 
 
 def parse_duration_ms(text: str) -> int:
@@ -81,13 +87,20 @@ def rewrite_expr(expr: str, factor: int = DRILL_FACTOR) -> str:
     return _OFFSET.sub(_offset, _RANGE.sub(_range, expr))
 
 
+def reads_up(expr: str) -> bool:
+    """Whether a PromQL expression reads the `up` series (label values and strings left out)."""
+    return _UP.search(_QUOTED.sub('""', expr)) is not None
+
+
 def rewrite_rule(rule: dict, factor: int = DRILL_FACTOR) -> dict:
     out = dict(rule)
     if "expr" in out:
         out["expr"] = rewrite_expr(str(out["expr"]), factor)
-    for key in ("for", "keep_firing_for"):
-        if key in out:
-            out[key] = scale_duration(str(out[key]), factor, MIN_STEP_MS)
+    if "for" in out:
+        floor = MIN_DOWN_FOR_MS if "alert" in out and reads_up(str(rule.get("expr", ""))) else MIN_STEP_MS
+        out["for"] = scale_duration(str(out["for"]), factor, floor)
+    if "keep_firing_for" in out:
+        out["keep_firing_for"] = scale_duration(str(out["keep_firing_for"]), factor, MIN_STEP_MS)
     return out
 
 
@@ -120,6 +133,19 @@ _BlockDumper.add_representer(str, _str_presenter)
 def shipped_rule_files(root: Path) -> list[Path]:
     """alerts/*.rules.yml then alerts/adapters/*.rules.yml, sorted."""
     return sorted((root / "alerts").glob("*.rules.yml")) + sorted((root / "alerts" / "adapters").glob("*.rules.yml"))
+
+
+def target_down_alerts(sources: list[Path]) -> set[str]:
+    """Names of the alerts in these rule files that read `up` (they get the MIN_DOWN_FOR_MS floor)."""
+    names = set()
+    for src in sources:
+        try:
+            doc = yaml.safe_load(src.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise DrillRuleError(f"{src}: cannot read rule file: {exc}") from exc
+        for group in doc.get("groups") or []:
+            names |= {r["alert"] for r in group.get("rules") or [] if "alert" in r and reads_up(str(r.get("expr", "")))}
+    return names
 
 
 def write_drill_copies(sources: list[Path], out_dir: Path, factor: int = DRILL_FACTOR) -> list[Path]:

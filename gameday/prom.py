@@ -15,6 +15,9 @@ from gameday.errors import GamedayError, ToolMissingError
 from gameday.procs import Proc, ProcSpec, Supervisor, http_get, wait_until
 
 SCRAPE_INTERVAL = "1s"
+# Prometheus allows no timeout beyond the interval: a target that takes longer reads as up 0 for
+# one scrape, which the drill's floor on target-down `for`s (gameday.drill) rides out.
+SCRAPE_TIMEOUT = "1s"
 EVALUATION_INTERVAL = "1s"
 
 
@@ -28,7 +31,7 @@ class PromConfig:
 
 def render_config(cfg: PromConfig) -> str:
     doc = {
-        "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL,
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_TIMEOUT,
                    "evaluation_interval": EVALUATION_INTERVAL},
         "rule_files": [str(p) for p in cfg.rule_files],
         "scrape_configs": [

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gameday import dashboards, verdict
+from gameday import busy, dashboards, drill, prom, verdict
 from gameday.checks import AlertWatcher, run_triage
 from gameday.errors import GamedayError
 from gameday.load import start_phase
@@ -62,6 +62,7 @@ class ScenarioResult:
     first_cause: str | None
     report_dir: str
     notes: list[str] = field(default_factory=list)
+    verdict: str = busy.PASS  # pass | fail | too-busy (every failure explained by machine load)
 
 
 def _bring_up(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) -> None:
@@ -146,6 +147,7 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
     notes: list[str] = []
     watcher: AlertWatcher | None = None
     triage = None
+    load: busy.MachineLoad | None = None
     try:
         _bring_up(stack, scenario, start_ts, log)
         watcher = _run_load(stack, scenario, start_ts, log)
@@ -158,6 +160,7 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
         log.add(start_ts, "alerts checked; running llmtriage")
         triage = run_triage(stack.logs_dir, stack.prom_url, report_dir, also_text=echo)
         failures += verdict.check(scenario, stack, watcher, triage, log, notes)
+        load = _measure_load(stack, start_epoch, notes)
         if scenario.probe_dashboards:
             _probe_dashboards(stack, start_epoch, notes)
         _record_series(stack, start_epoch)
@@ -167,14 +170,30 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
         if watcher is not None:
             watcher.stop()
         stack.close()
+    outcome, failures = busy.judge(failures, load, drill.target_down_alerts(drill.shipped_rule_files(REPO_ROOT)))
     result = ScenarioResult(
-        name=scenario.name, passed=not failures, duration_s=round(time.monotonic() - start_ts, 1),
+        name=scenario.name, passed=not failures, verdict=outcome, duration_s=round(time.monotonic() - start_ts, 1),
         failures=failures, alerts_firing=sorted(watcher.firing_names()) if watcher else [],
         first_finding=(triage.first or {}).get("id") if triage else None,
         first_cause=(triage.first or {}).get("cause") if triage else None,
         report_dir=str(report_dir), notes=notes)
     _write_report(report_dir, result, watcher, log)
     return result
+
+
+def _measure_load(stack: Stack, start_epoch: float, notes: list[str]) -> busy.MachineLoad | None:
+    """Scrape and rule-evaluation health of the run (see gameday.busy), kept in the notes."""
+    assert stack.prom is not None
+    try:
+        load = busy.measure(stack.prom, time.time() - start_epoch,
+                            drill.parse_duration_ms(prom.SCRAPE_TIMEOUT) / 1000,
+                            drill.parse_duration_ms(prom.SCRAPE_INTERVAL) / 1000)
+    except (GamedayError, OSError, ValueError) as exc:
+        notes.append(f"machine load not measured: {exc}")
+        return None
+    notes.append(load.summary())
+    notes.extend(load.evidence())
+    return load
 
 
 def _probe_dashboards(stack: Stack, start_epoch: float, notes: list[str]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gameday import drill
+from gameday import busy, drill
 from gameday.errors import ProcessDiedError
 from gameday.nginx import GatewayConfig, start_gateway
 from gameday.procs import ProcSpec, Supervisor, free_port, wait_http_ok
@@ -207,14 +207,22 @@ def test_prometheus_loads_drill_rules_and_fires_engine_down(tmp_path):
         started = time.time()
         _, client = start_prometheus(sup, cfg, tmp_path / "tsdb", tmp_path / "logs")
         (group,) = client.rule_groups()
-        assert group["rules"][0]["duration"] == 2.0  # 2m / 60
-        deadline = time.monotonic() + 30
+        assert group["rules"][0]["duration"] == 10.0  # 2m / 60 is 2s: a target-down alert keeps 10s
+        deadline = time.monotonic() + 60
         while not [a for a in client.alerts() if a.state == "firing"] and time.monotonic() < deadline:
             time.sleep(0.5)
         (alert,) = client.alerts()
         (series,) = client.query_range('up{job="llm-engine"}', started, time.time(), step_s=1.0)
+        load = busy.measure(client, time.time() - started, timeout_s=1.0, interval_s=1.0)
     assert (alert.name, alert.state, alert.labels["instance"]) == ("LLMEngineDown", "firing", dead)
     assert {value for _, value in series["values"]} == {"0"}
+    # nothing listens: every scrape is refused at once, none runs into the timeout; that is a target
+    # down, not a busy machine, so an unexpected LLMEngineDown here would be the alert logic's fault
+    (target,) = [t for t in load.targets if t.job == "llm-engine"]
+    assert target.scrapes >= 10 and target.failed == target.scrapes and target.timed_out == 0
+    assert load.rule_iterations >= 10 and load.rule_failures == 0
+    failure = f"unexpected alert fired: LLMEngineDown on {dead} at +11.0s"
+    assert busy.judge([failure], load, {"LLMEngineDown"})[0] == busy.FAIL
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gameday import dashboards
+from gameday import busy, dashboards
 from gameday.runner import ScenarioResult, run_scenario
 from gameday.scenarios import SCENARIOS, get_scenario
 
@@ -22,13 +22,18 @@ def report_root(tmp_path_factory):
 
 
 def _run(name: str, root: Path) -> ScenarioResult:
+    """One run per scenario; a run the machine was too busy to judge (every failure explained by
+    timed-out scrapes or missed evaluations, gameday.busy) is run once more, and its verdict stands."""
     if name not in _results:
-        _results[name] = run_scenario(get_scenario(name), root)
+        result = run_scenario(get_scenario(name), root)
+        if result.verdict == busy.TOO_BUSY:
+            result = run_scenario(get_scenario(name), root / "rerun")
+        _results[name] = result
     return _results[name]
 
 
 def _explain(result: ScenarioResult) -> str:
-    return f"{result.name} failed ({result.report_dir}):\n  " + "\n  ".join(result.failures)
+    return f"{result.name} {result.verdict} ({result.report_dir}):\n  " + "\n  ".join(result.failures)
 
 
 def test_ci_subset_is_the_documented_one():

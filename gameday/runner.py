@@ -67,9 +67,9 @@ class ScenarioResult:
 
 def _bring_up(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) -> None:
     for index in range(scenario.num_replicas):
-        start_engine(stack, index, scenario.engine_flags)
+        start_engine(stack, index, scenario.engine_flags, scenario.engine)
     if scenario.engine_starts:
-        wait_engines_ready(stack)
+        wait_engines_ready(stack, scenario.engine)
         log.add(start_ts, f"engines ready: {', '.join(stack.engine_addrs)}")
     else:
         code = wait_engine_exit(stack.engines[0])
@@ -127,9 +127,15 @@ def _run_load(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) ->
 
 
 def _inject(stack: Stack, fault, start_ts: float, log: RunLog) -> None:
-    if fault.kind != "kill-replica":
+    if fault.kind not in ("kill-replica", "kill-engine-core"):
         raise GamedayError(f"unknown fault kind {fault.kind!r}")
     proc = stack.engines[fault.replica]
+    if fault.kind == "kill-engine-core":  # vLLM: the engine core process alone; its API server exits
+        from gameday.vllm import kill_engine_core
+
+        pid = kill_engine_core(proc)
+        log.add(start_ts, f"SIGKILL VLLM::EngineCore (pid {pid}) of engine-{fault.replica}")
+        return
     proc.signal(signal.SIGKILL)
     log.killed_at_epoch = time.time()
     log.killed_addr = stack.engine_addrs[fault.replica]

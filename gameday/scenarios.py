@@ -22,7 +22,9 @@ class LoadPhase:
 class Fault:
     """An action the harness itself takes during the load (not an llmserve flag)."""
 
-    kind: str  # "kill-replica": SIGKILL engine replica `replica`
+    # "kill-replica": SIGKILL engine replica `replica` (its whole process group);
+    # "kill-engine-core": SIGKILL vLLM's engine core process alone (the API server then exits)
+    kind: str
     at_s: float  # seconds after Prometheus started watching the load
     replica: int = 0
 
@@ -31,6 +33,7 @@ class Fault:
 class Scenario:
     name: str
     summary: str
+    engine: str = "llmserve"  # the engine under test: llmserve or vllm (gameday/scenarios_vllm.py)
     engine_flags: list[str] = field(default_factory=list)
     num_replicas: int = 1
     proxy_read_timeout_s: float = 60.0
@@ -121,9 +124,24 @@ SCENARIOS: list[Scenario] = [
 ]
 
 
-def get_scenario(name: str) -> Scenario:
-    for scenario in SCENARIOS:
+ENGINES = ("llmserve", "vllm")
+
+
+def scenarios_for(engine: str = "llmserve") -> list[Scenario]:
+    if engine == "vllm":
+        from gameday.scenarios_vllm import VLLM_SCENARIOS
+
+        return VLLM_SCENARIOS
+    if engine != "llmserve":
+        raise UnknownScenarioError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    return SCENARIOS
+
+
+def get_scenario(name: str, engine: str = "llmserve") -> Scenario:
+    scenarios = scenarios_for(engine)
+    for scenario in scenarios:
         if scenario.name == name:
             return scenario
-    names = ", ".join(s.name for s in SCENARIOS)
-    raise UnknownScenarioError(f"unknown scenario {name!r}; known: {names}")
+    names = ", ".join(s.name for s in scenarios)
+    suffix = "" if engine == "llmserve" else f" on {engine}"
+    raise UnknownScenarioError(f"unknown scenario {name!r}{suffix}; known: {names}")

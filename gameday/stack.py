@@ -55,11 +55,18 @@ class Stack:
             self.workdir.cleanup()
 
 
-def start_engine(stack: Stack, index: int, flags: list[str]) -> Proc:
+def start_engine(stack: Stack, index: int, flags: list[str], engine: str = "llmserve") -> Proc:
     port = free_port()
     # JSON log lines go to logs/ (what triage reads); stdout/stderr (tracebacks before logging is
     # set up) to procs/.
     stack.logs_dir.mkdir(parents=True, exist_ok=True)
+    if engine == "vllm":  # vLLM logs to stdout and stderr only: that text is its log
+        from gameday.vllm import start_vllm
+
+        proc = start_vllm(stack.sup, f"engine-{index}", port, flags, stack.logs_dir / f"engine-{index}.log")
+        stack.engines.append(proc)
+        stack.engine_addrs.append(f"127.0.0.1:{port}")
+        return proc
     argv = [*python_entry("engine.server.cli"), "--host", "127.0.0.1", "--port", str(port),
             "--log-file", str(stack.logs_dir / f"engine-{index}.log"), *flags]
     out_path = stack.report_dir / "procs" / f"engine-{index}.out"
@@ -70,9 +77,14 @@ def start_engine(stack: Stack, index: int, flags: list[str]) -> Proc:
     return proc
 
 
-def wait_engines_ready(stack: Stack) -> None:
+def wait_engines_ready(stack: Stack, engine: str = "llmserve") -> None:
     for proc, addr in zip(stack.engines, stack.engine_addrs, strict=True):
-        wait_http_ok(f"http://{addr}/ready", proc, ENGINE_READY_TIMEOUT_S)
+        if engine == "vllm":
+            from gameday.vllm import wait_vllm_ready
+
+            wait_vllm_ready(proc, addr)
+        else:
+            wait_http_ok(f"http://{addr}/ready", proc, ENGINE_READY_TIMEOUT_S)
 
 
 def wait_engine_exit(proc: Proc, timeout_s: float = ENGINE_READY_TIMEOUT_S) -> int:

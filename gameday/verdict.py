@@ -21,10 +21,11 @@ def check(scenario: Scenario, stack: Stack, watcher: AlertWatcher, triage: Triag
           log, notes: list[str]) -> list[str]:
     failures = check_alerts(scenario, watcher)
     failures += check_triage(scenario, triage)
-    if scenario.faults:
+    if any(f.kind == "kill-replica" for f in scenario.faults):
         failures += check_replica_down(stack, watcher, log, notes)
     if scenario.min_client_ttft_ratio is not None:
-        failures += check_client_ttft(scenario.min_client_ttft_ratio, stack, notes)
+        histogram = "vllm:time_to_first_token_seconds" if scenario.engine == "vllm" else "llm_time_to_first_token_seconds"
+        failures += check_client_ttft(scenario.min_client_ttft_ratio, stack, notes, histogram)
     return failures
 
 
@@ -35,11 +36,12 @@ def _engine_mean(stack: Stack, histogram: str) -> float | None:
     return float(rows[0]["value"][1]) if rows else None
 
 
-def check_client_ttft(min_ratio: float, stack: Stack, notes: list[str]) -> list[str]:
+def check_client_ttft(min_ratio: float, stack: Stack, notes: list[str],
+                      histogram: str = "llm_time_to_first_token_seconds") -> list[str]:
     """Behind a buffering gateway the client sees its first token far later than the engine made it."""
     summaries = [load_summary(d) for d in sorted((stack.report_dir / "load").glob("*"))]
     summary = next((s for s in summaries if s and (s.get("ttft_s") or {}).get("p50") is not None), None)
-    engine_ttft = _engine_mean(stack, "llm_time_to_first_token_seconds")
+    engine_ttft = _engine_mean(stack, histogram)
     if summary is None or not engine_ttft:
         return ["cannot compare TTFT: no client TTFT in the loadgen summary or no engine TTFT in Prometheus"]
     client_ttft = summary["ttft_s"]["p50"]

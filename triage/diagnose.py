@@ -31,6 +31,7 @@ class Diagnosis:
     num_metric_events: int = 0
     readable: bool = True
     errors: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # every file walked, in order
 
 
 class Dispatcher:
@@ -147,8 +148,10 @@ def diagnose(opts: DiagnoseOptions) -> Diagnosis:
     # frees them all, and the cycle collector's passes over them would cost a tenth of the time.
     collecting = gc.isenabled()
     gc.disable()
+    files: list[str] = []
     try:
         for path in iter_files(opts.paths):
+            files.append(str(path))
             _read_file(path, notes, dispatcher, opts.batches)
     finally:
         if collecting:
@@ -172,4 +175,4 @@ def diagnose(opts: DiagnoseOptions) -> Diagnosis:
         num_metric_events = len(events)
     findings = rank([f for rule in dispatcher.rules for f in rule.findings(facts)])
     readable = notes.num_lines_read > 0 or num_metric_events > 0  # empty or unreadable files alone: nothing
-    return Diagnosis(findings, facts, notes, num_metric_events, readable)
+    return Diagnosis(findings, facts, notes, num_metric_events, readable, files=files)

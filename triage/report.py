@@ -3,7 +3,7 @@
 import json
 import textwrap
 
-from triage.model import Finding
+from triage.model import Finding, iso
 
 DEFAULT_RUNBOOK_BASE = "https://github.com/llmsre/llmsre/blob/main/runbooks/"
 
@@ -33,13 +33,59 @@ def _evidence_lines(item: dict) -> list[str]:
     return [f"    {mark} {where}{ts}{repeat}", f"        {text}"]
 
 
+# Format families as users know them (the event sources of the parsers).
+FORMAT_NAMES = {
+    "engine-json": "llmserve JSON log", "vllm": "vLLM text log", "tgi": "TGI log", "sglang": "SGLang log",
+    "ollama": "Ollama log", "triton": "Triton/glog log", "syslog": "syslog/journald", "kernel": "kernel log (dmesg)",
+    "nginx-access": "nginx access log", "nginx-error": "nginx error log", "envoy": "Envoy access log",
+    "alb": "AWS ALB log", "haproxy": "HAProxy log", "uvicorn": "uvicorn access log", "text": "plain text",
+}
+MAX_FILES_LISTED = 8
+
+
+def summary_lines(files: list[str], facts, num_files: int, num_lines: int) -> list[str]:
+    """What was read, for a report with nothing to say: files, formats, time span, requests, errors."""
+    shown = ", ".join(files[:MAX_FILES_LISTED]) + (f" (+{len(files) - MAX_FILES_LISTED} more)"
+                                                   if len(files) > MAX_FILES_LISTED else "")
+    out = [f"  files: {shown}" if files else f"  files: {num_files}"]
+    sources = sorted(facts.sources.items(), key=lambda item: -item[1])
+    known = [f"{FORMAT_NAMES.get(s, s)} ({n} lines of interest)" for s, n in sources if s != "text"]
+    out.append("  formats recognised: " + (", ".join(known) if known else "none (plain text only)"))
+    if facts.first_ts is not None and facts.last_ts is not None:
+        span = (facts.last_ts - facts.first_ts).total_seconds()
+        out.append(f"  time span: {iso(facts.first_ts)} .. {iso(facts.last_ts)} ({_duration(span)})")
+    else:
+        out.append("  time span: no timestamps read")
+    out.append(f"  requests: {facts.num_requests} seen (gateway {facts.num_gateway_requests}, "
+               f"engine {facts.num_engine_requests})")
+    out.append(f"  errors: {facts.num_error_lines} error lines, {facts.num_http_errors} HTTP 5xx responses")
+    return out
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def render_text(findings: list[Finding], runbook_base: str = DEFAULT_RUNBOOK_BASE,
-                num_files: int = 0, num_lines: int = 0) -> str:
-    if not findings:
-        return f"No problems found ({num_files} files, {num_lines} lines read).\n"
+                num_files: int = 0, num_lines: int = 0, summary: list[str] | None = None) -> str:
+    """The readable report. With no finding of medium or high confidence it says so, then what was
+    read (summary), then the low-confidence hints if any."""
+    quiet = all(f.confidence.value == "low" for f in findings)
+    out: list[str] = []
+    if quiet:
+        out.append(f"No problems found ({num_files} files, {num_lines} lines read).")
+        out.extend(summary or ())
+        if not findings:
+            return "\n".join(out) + "\n"
+        out += ["", f"{len(findings)} low-confidence hint(s), not findings:", ""]
+    else:
+        out += [f"{len(findings)} finding(s), most likely root cause first "
+                f"({num_files} files, {num_lines} lines read).", ""]
     doc = to_document(findings, runbook_base)
-    out = [f"{len(findings)} finding(s), most likely root cause first "
-           f"({num_files} files, {num_lines} lines read).", ""]
     for i, f in enumerate(doc["findings"], start=1):
         cause = f" (cause: {f['cause']})" if f["cause"] else ""
         out.append(f"{i}. {f['id']}{cause}: {f['title']}")

@@ -157,16 +157,23 @@ SIGNATURES: tuple[Signature, ...] = BUILTIN.signatures
 
 def load_user_catalog(path: str) -> Catalog:
     """The built-in catalog followed by the entries of the user's file; CatalogError when it cannot be used."""
+    return extend_catalog(BUILTIN, path)
+
+
+def extend_catalog(base: Catalog, path: str) -> Catalog:
+    """base followed by the entries of the user's file at path; CatalogError when it cannot be used."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise CatalogError(f"{path}: no such file") from exc
+    except IsADirectoryError as exc:
+        raise CatalogError(f"{path}: is a folder, not a catalog file") from exc
     except (OSError, UnicodeDecodeError) as exc:
-        raise CatalogError(f"{path}: cannot read ({exc})") from exc
-    user = parse_catalog(text, path, BUILTIN.kinds, taken=(s.id for s in BUILTIN))
+        raise CatalogError(f"{path}: cannot read ({exc.strerror if isinstance(exc, OSError) else exc})") from exc
+    user = parse_catalog(text, path, base.kinds, taken=(s.id for s in base))
     if not user.signatures:
         raise CatalogError(f"{path}: 'signatures' is empty")
-    return Catalog(BUILTIN.signatures + user.signatures, BUILTIN.kinds)
+    return Catalog(base.signatures + user.signatures, base.kinds)
 
 
 def use_catalog(catalog: Catalog) -> None:
@@ -190,6 +197,8 @@ def scan(message: str, line: str | None = None) -> list[tuple[str, dict]]:
         text = whole if s.match_line else message
         if s.kind in kinds or s.keyword not in text:
             continue
+        if s.kind == "log.error" and s.match_line and message[:1].isspace():
+            continue  # an indented message continues a traceback or a block an error line began
         fields: dict = dict(s.fields)
         if s.pattern is not None:
             m = s.pattern.search(text)

@@ -81,10 +81,16 @@ class Facts:
         self.num_gateway_requests = 0  # access-log lines
         self.num_events = 0
         self.last_request_ts: datetime | None = None  # last request or access line (not start-up/shutdown)
+        self.sources: dict[str, int] = {}  # format family -> events read from it (what a healthy report lists)
+        self.num_error_lines = 0  # error-level lines and engine errors
+        self.num_http_errors = 0  # access lines with a 5xx status
 
     def observe(self, ev: Event) -> None:
         self.num_events += 1
         kind, ts = ev.kind, ev.ts
+        self.sources[ev.source] = self.sources.get(ev.source, 0) + 1
+        if kind == "log.error" or kind == "engine.error":
+            self.num_error_lines += 1
         if ts is not None:
             if (kind.startswith("request.") or kind == "http.access") and (
                     self.last_request_ts is None or ts > self.last_request_ts):
@@ -96,6 +102,9 @@ class Facts:
         if kind == "http.access":
             if ev.source != "engine-json":
                 self.num_gateway_requests += 1
+            status = ev.fields.get("status")
+            if isinstance(status, int) and status >= 500:
+                self.num_http_errors += 1
         elif (kind == "request.finished" or kind == "request.aborted") and ev.source == "engine-json":
             self.num_engine_requests += 1
 
@@ -103,8 +112,12 @@ class Facts:
         """observe() for every line of a batch (request.finished or gateway http.access, all timed or not)."""
         n = len(batch)
         self.num_events += n
+        if n:
+            source = batch.event(0).source
+            self.sources[source] = self.sources.get(source, 0) + n
         if batch.kind == "http.access":
             self.num_gateway_requests += n  # batches hold gateway lines only
+            self.num_http_errors += sum(map((500).__le__, batch.status))
         else:
             self.num_engine_requests += n  # request.finished from the engine
         lo, hi = batch.time_range()

@@ -25,7 +25,7 @@ class StreamRule(Rule):
              "gateway.upstream_closed", "gateway.upstream_timeout", "gateway.client_closed", "http.access",
              "http.error_page", "client.connect_refused", "client.stream_cut", "client.timeout",
              "client.cancel", "request.aborted", "request.finished", "request.first_token", "client.request",
-             "config.proxy_buffering")
+             "config.proxy_buffering", "engine.stopping")
 
     def __init__(self):
         self.crash = Candidate("engine-crash")
@@ -48,6 +48,8 @@ class StreamRule(Rule):
         self.timeout_cut_durations: Counter = Counter()  # the times of requests a gateway cut by timeout
         self.client_durations: list[float] = []
         self.abort_metrics: list[Event] = []
+        self.stopping_files: set[str] = set()  # files whose engine was asked to stop (a signal, a shutdown)
+        self.shutdown_errors: list[Event] = []  # engine deaths logged after that: the stop itself
         self.handlers = {kind: getattr(self, "_" + kind.replace(".", "_")) for kind in self.kinds
                          if hasattr(self, "_" + kind.replace(".", "_"))}
 
@@ -57,7 +59,20 @@ class StreamRule(Rule):
             handler(ev)
 
     # --- engine death ---
+    def _engine_stopping(self, ev: Event) -> None:
+        self.stopping_files.add(ev.file)
+
+    def _during_stop(self, ev: Event) -> bool:
+        """An engine death logged after its own log said it was asked to stop: the stop, not a crash."""
+        if ev.file in self.stopping_files:
+            if len(self.shutdown_errors) < 10:
+                self.shutdown_errors.append(ev)
+            return True
+        return False
+
     def _engine_error(self, ev: Event) -> None:
+        if ev.fields.get("fatal") and self._during_stop(ev):
+            return
         if ev.fields.get("fatal"):
             self.crash.add(ev, "engine.error.fatal", True, request_ids_of(ev))
         self.num_errors += 1
@@ -67,6 +82,8 @@ class StreamRule(Rule):
             self.crash.add(ev, "engine.shutdown.fatal", True)
 
     def _engine_fatal(self, ev: Event) -> None:
+        if self._during_stop(ev):
+            return
         weak = ev.fields.get("weak") or ev.fields.get("startup")
         self.crash.add(ev, "engine.fatal", not weak)
 
@@ -224,6 +241,10 @@ class StreamRule(Rule):
     def findings(self, facts: Facts) -> list[Finding]:
         out: list[Finding] = []
         if self.crash:
+            if self.shutdown_errors:
+                first = self.shutdown_errors[0]
+                self.crash.counter.append(f"{first.file}:{first.line}: logged after a requested shutdown, so "
+                                          "read as the shutdown, not as the crash")
             out.append(T.crash_finding(self))
         if self.timeout or (self.stream_cuts and not self.crash):
             out.append(T.timeout_finding(self))

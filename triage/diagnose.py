@@ -150,7 +150,7 @@ def diagnose(opts: DiagnoseOptions) -> Diagnosis:
     gc.disable()
     files: list[str] = []
     try:
-        for path in iter_files(opts.paths):
+        for path in iter_files(opts.paths, notes):
             files.append(str(path))
             _read_file(path, notes, dispatcher, opts.batches)
     finally:

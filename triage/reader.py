@@ -1,10 +1,12 @@
-"""Input files: folders walked recursively, gzip by magic bytes, bad input skipped with a note."""
+"""Input files: folders walked recursively, stdin ("-") and pipes, gzip by magic bytes, bad input
+skipped with a note."""
 
 import codecs
 import gzip
 import io
 import os
 import re
+import stat
 import sys
 import zlib
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ MAX_LINE_BYTES = 1 << 20  # longer lines are cut here (characters once decoded) 
 SNIFF_BYTES = 8192
 BLOCK_BYTES = 1 << 18  # read and split at a time: big enough for C to do the work, small for flat memory
 _CRLF = re.compile(r"\r\n?")
+_TEXT_BYTES = bytes(b for b in range(256) if b >= 0x20 or b in b"\t\n\r\x0b\x0c\x1b")
 
 
 class InputError(Exception):
@@ -41,30 +44,88 @@ class Notes:
         self.lines.clear()
 
 
-def iter_files(paths: list[str]) -> Iterator[Path]:
-    """Files under each path, folders recursively in sorted order; missing paths raise InputError."""
+STDIN = Path("-")  # "-" on the command line: standard input (a file named "-" is "./-")
+
+
+def _kind(path: Path) -> str | None:
+    """"file", "dir", "pipe" (a FIFO, or what `<(command)` hands over) or None (missing, or a device)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return "pipe"
+    return None
+
+
+def iter_files(paths: list[str], notes: Notes | None = None) -> Iterator[Path]:
+    """Files under each path, folders recursively in sorted order; "-" is stdin, and a pipe named on the
+    command line is read as a file. Missing paths raise InputError; a folder that cannot be listed and
+    anything in a folder that is not a regular file (a pipe there would block) are noted and skipped."""
+    notes = notes if notes is not None else Notes()
     for raw in paths:
+        if raw == "-":
+            yield STDIN
+            continue
         path = Path(raw)
-        if path.is_file():
+        kind = _kind(path)
+        if kind in ("file", "pipe"):
             yield path
-        elif path.is_dir():
-            for root, dirs, files in os.walk(path):
+        elif kind == "dir":
+            for root, dirs, files in os.walk(path, onerror=lambda exc, top=path: notes.add(
+                    f"{exc.filename or top}: cannot read folder ({exc.strerror or exc}); skipped")):
                 dirs.sort()
                 for name in sorted(files):
-                    yield Path(root) / name
+                    child = Path(root) / name
+                    if _kind(child) == "file":
+                        yield child
+                    elif not child.is_symlink() or child.exists():
+                        notes.add(f"{child}: not a regular file; skipped")
         else:
             raise InputError(f"no such file or folder: {raw}")
 
 
 def _open_binary(path: Path, notes: Notes) -> io.BufferedIOBase | None:
     try:
-        handle = open(path, "rb")  # noqa: SIM115 (closed by read_lines)
+        if path is STDIN:
+            handle = open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115 (closed by read_blocks)
+        else:
+            handle = open(path, "rb")  # noqa: SIM115 (closed by read_blocks)
+    except (OSError, ValueError, AttributeError) as exc:  # ValueError/AttributeError: no stdin to read
+        notes.add(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})")
+        return None
+    try:
+        gzipped = handle.peek(2)[:2] == b"\x1f\x8b"
     except OSError as exc:
         notes.add(f"{path}: cannot read ({exc.strerror or exc})")
+        handle.close()
         return None
-    if handle.peek(2)[:2] == b"\x1f\x8b":
+    if gzipped:
         return gzip.GzipFile(fileobj=handle)  # type: ignore[return-value]
     return handle
+
+
+def _skip_nuls(handle, path: Path, notes: Notes) -> bool:
+    """Reads past NUL bytes at the start (what logrotate's copytruncate leaves when the writer keeps its
+    offset: the old length as a hole), noting how many. False when nothing but NULs was there."""
+    skipped = 0
+    while True:
+        head = handle.peek(SNIFF_BYTES)[:SNIFF_BYTES]
+        if not head:
+            break
+        run = len(head) - len(head.lstrip(b"\x00"))
+        if not run:
+            break
+        handle.read(run)
+        skipped += run
+    if skipped:
+        notes.add(f"{path}: started with {skipped} NUL bytes (a file truncated while written, as logrotate's "
+                  "copytruncate leaves it); skipped them")
+    return bool(head)
 
 
 def _sniff(handle, path: Path, notes: Notes) -> str | None:
@@ -74,6 +135,17 @@ def _sniff(handle, path: Path, notes: Notes) -> str | None:
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         notes.add(f"{path}: unreadable compressed data ({exc}); skipped")
         return None
+    if head[:1] == b"\x00":
+        try:
+            if not _skip_nuls(handle, path, notes):
+                return "utf-8"  # nothing after them: read as an empty file
+            head = handle.peek(SNIFF_BYTES)[:SNIFF_BYTES]
+        except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            notes.add(f"{path}: unreadable compressed data ({exc}); skipped")
+            return None
+        if head.translate(None, _TEXT_BYTES):  # what follows the NULs is no text either
+            notes.add(f"{path}: binary content, skipped")
+            return None
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
         notes.add(f"{path}: UTF-16 text, decoded as such")
         return "utf-16"

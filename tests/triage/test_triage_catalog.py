@@ -249,3 +249,29 @@ def test_shutdown_errors_are_counter_evidence_of_a_real_crash(diagnose_json, tmp
     assert [e["line"] for e in crash["evidence"]] == [1]
     assert crash["counter_evidence"] == [
         f"{log}:3: logged after a requested shutdown, so read as the shutdown, not as the crash"]
+
+
+@pytest.mark.parametrize("message, kind", [
+    ("'max_tokens' or 'max_completion_tokens' is too large: 4096. This model's maximum context length is 4096 "
+     "tokens and your request has 10 input tokens (4096 > 4096 - 10).", "context.overflow"),
+    ("Input validation error: `inputs` must have less than 1024 tokens. Given: 2000", "context.overflow"),
+    ("prompt is too long: 208310 tokens > 200000 maximum", "context.overflow"),
+    ('{"error": {"code": "context_length_exceeded"}}', "context.overflow"),
+    ("Received sigquit from a child process. It usually means the child failed.", "engine.fatal"),
+    ("AsyncEngineDeadError: Task finished unexpectedly. This should never happen!", "engine.fatal"),
+    ("NVRM: GPU at PCI:0000:00:1e.0: GPU has fallen off the bus.", "engine.fatal"),
+    ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "engine.fatal"),
+    ("Avg prompt throughput: 0.0 tokens/s, Running: 3 reqs, Swapped: 2 reqs, Pending: 0 reqs", "engine.preemption"),
+    ("openai.RateLimitError: Error code: 429", "queue.full"),
+    ("nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.4, please update your driver to a "
+     "newer version, or use an earlier cuda container: unknown", "driver.mismatch"),
+    ('{"message": "Endpoint request timed out"}', "gateway.upstream_timeout"),
+    ("httpcore.RemoteProtocolError: Server disconnected without sending a response.", "client.stream_cut"),
+    ("TypeError: fetch failed ... code: 'UND_ERR_HEADERS_TIMEOUT'", "client.timeout"),
+])
+def test_more_wordings(message, kind):
+    assert kind in dict(scan(message))
+
+
+def test_no_swapped_requests_is_no_preemption():
+    assert "engine.preemption" not in dict(scan("Running: 3 reqs, Swapped: 0 reqs, Pending: 0 reqs"))

@@ -9,7 +9,6 @@ single process) writes loadgen_summary.json/.md, loadgen_requests.csv and PNG pl
 --report-dir. See docs/loadgen.md for every option and profile.
 """
 
-import gc
 import logging
 import random
 import time
@@ -20,7 +19,7 @@ from gevent import GreenletExit
 from locust import HttpUser, LoadTestShape, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadgen import client, nonstream, profiles, runtime, session
+from loadgen import client, nonstream, profiles, runtime, webui
 from loadgen.options import add_arguments
 from loadgen.prompts import Prompt, PromptFactory, messages_to_prompt
 from loadgen.records import FailureKind, Outcome, RequestRecord
@@ -55,6 +54,8 @@ def _on_init(environment, **kwargs):
     except runtime.SetupError as exc:
         runtime.exit_with(str(exc))
     runtime.install_distributed(lambda: STATE, environment)
+    if environment.web_ui is not None:
+        webui.install(environment)
 
 
 @events.test_start.add_listener
@@ -76,12 +77,6 @@ def _on_test_start(environment, **kwargs):
         environment.parsed_options.loadgen_profile = STATE.config.profile
     if not isinstance(environment.runner, MasterRunner):
         _resolve_early(environment)
-    # Everything made so far (modules, Locust, the state: about 58k objects) lives as long as the
-    # process. Left in the collected generations, every full collection walks it: with 200 streams
-    # running one took 89 ms of CPU on the development VM, no stream read meanwhile. Frozen, a full
-    # collection walks only what the run made: 30 to 48 ms.
-    gc.collect()
-    gc.freeze()
 
 
 def _resolve_early(environment) -> None:
@@ -139,10 +134,6 @@ class ChatUser(HttpUser):
     def on_start(self):
         self.factory: PromptFactory | None = None
         self.state = STATE
-        # Proxy, netrc and CA-bundle lookups once, not per request inside the timed window.
-        session.settle_environment(self.client, self.client.base_url)
-        if self.state is not None and self.state.config.spawn_jitter and self.state.config.profile != "poisson":
-            gevent.sleep(self.state.rng.uniform(0, runtime.spawn_interval(self.environment)))
 
     def _factory(self) -> PromptFactory:
         if self.factory is None:

@@ -1,4 +1,10 @@
-"""One streamed request through Locust's HttpSession: timing, failure kind, intentional abort, client log."""
+"""One streamed request through Locust's HttpSession: timing, failure kind, intentional abort, client log.
+
+The body is read through public APIs only: a chunked body (what every SSE server sends over
+HTTP/1.1) through requests' `iter_content(chunk_size=None)`, which hands over each HTTP chunk as it
+arrives; any other body through urllib3's `HTTPResponse.read1`, one read of what has arrived. Each
+piece is timed when the read returns it.
+"""
 
 import json
 import time
@@ -8,13 +14,14 @@ from dataclasses import dataclass
 
 import requests
 from gevent import GreenletExit
-from urllib3.exceptions import ReadTimeoutError
+from urllib3.exceptions import HTTPError as Urllib3Error
+from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-from loadgen.chunked import ChunkedBody, read1_chunks
 from loadgen.clientlog import ClientLog
 from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
-from loadgen.session import post
 from loadgen.sse import SSEParser
+
+READ_SIZE = 65536  # most bytes one read hands over; a read never waits for more than what has arrived
 
 
 class StreamFailure(Exception):
@@ -71,7 +78,7 @@ def describe_exception(exc: BaseException) -> str:
     return f"{prefix}{cls.__qualname__}: {exc}"
 
 
-def _is_read_timeout(exc: BaseException) -> bool:
+def is_read_timeout(exc: BaseException) -> bool:
     if isinstance(exc, requests.exceptions.Timeout):
         return True
     inner = exc.args[0] if exc.args else None
@@ -97,14 +104,13 @@ def exchange(session, spec: RequestSpec, record: RequestRecord, settings: Stream
     headers = {"x-request-id": record.request_id, **(settings.headers or {})}
     record.client_queue_s = max(0.0, clock() - scheduled_ts)
     try:
-        with post(session, spec.path, spec.body, headers, spec.name, stream,
-                  (settings.connect_timeout_s, settings.timeout_s)) as resp:
+        with session.post(spec.path, json=spec.body, headers=headers, name=spec.name, stream=stream,
+                          timeout=(settings.connect_timeout_s, settings.timeout_s), catch_response=True) as resp:
             failure, text = consume(resp)
             if failure is None:
                 resp.success()
             else:
                 resp.failure(failure)
-        _break_cycle(resp)
     except GreenletExit:
         record.outcome = Outcome.INCOMPLETE
         record.end_s = clock() - scheduled_ts
@@ -115,56 +121,57 @@ def exchange(session, spec: RequestSpec, record: RequestRecord, settings: Stream
     return text
 
 
-def _break_cycle(resp) -> None:
-    """Locust's response and its request_meta refer to each other: left alone, every request's whole
-    object graph (headers, cookie jars, urllib3 and http.client responses) waits for the cyclic GC."""
-    meta = getattr(resp, "request_meta", None)
-    if isinstance(meta, dict):
-        meta.pop("response", None)
-
-
 def _consume(resp, record: RequestRecord, settings: StreamSettings, scheduled_ts: float,
              clock: Callable[[], float]) -> tuple[StreamFailure | None, str]:
     error = getattr(resp, "error", None)
     if getattr(resp, "status_code", 0) == 0 and error is not None:
-        timed_out = _is_read_timeout(error)
-        return _fail(record, TimeoutFailure if timed_out else ConnectFailure, describe_exception(error)), ""
+        timed_out = is_read_timeout(error)
+        return fail(record, TimeoutFailure if timed_out else ConnectFailure, describe_exception(error)), ""
     record.http_status = resp.status_code
     if resp.status_code >= 400:
-        return _fail(record, HttpStatusFailure, _http_error_text(resp)), ""
+        return fail(record, HttpStatusFailure, http_error_text(resp)), ""
     parser = SSEParser()
     abort_after = settings.abort_after_tokens
-    body = ChunkedBody.open(resp, clock)
     try:
-        if body is not None:  # the usual case: chunked, read straight off the connection
-            feed, state, read = parser.feed, parser.state, body.read
-            try:
-                while not body.done:
-                    data = read()
-                    if data:
-                        feed(data, body.arrived - scheduled_ts, abort_after)
-                        if abort_after is not None and state.num_chunks >= abort_after:
-                            return _abort(resp, record, parser)
-            finally:
-                body.close()
-        else:  # a Content-Length or close-delimited body, or a compressed one
-            for data, arrived in read1_chunks(resp, clock):
-                parser.feed(data, arrived - scheduled_ts, abort_after)
-                if abort_after is not None and parser.state.num_chunks >= abort_after:
-                    return _abort(resp, record, parser)
+        for data in _arrivals(resp):
+            parser.feed(data, clock() - scheduled_ts, abort_after)
+            if abort_after is not None and parser.state.num_chunks >= abort_after:
+                return _abort(resp, record, parser)
         parser.close(clock() - scheduled_ts)
-    except requests.exceptions.RequestException as exc:
+    except GreenletExit:
+        _fill(record, parser)  # the test stopped under it: keep what arrived (the record reads incomplete)
+        raise
+    except (requests.exceptions.RequestException, Urllib3Error) as exc:
         _fill(record, parser)
-        cls = TimeoutFailure if _is_read_timeout(exc) else StreamCutFailure
-        return _fail(record, cls, describe_exception(exc)), parser.state.text
+        cls = TimeoutFailure if is_read_timeout(exc) else StreamCutFailure
+        return fail(record, cls, describe_exception(_as_requests_error(exc))), parser.state.text
     _fill(record, parser)
     if parser.state.error is not None:
-        return _fail(record, ErrorEventFailure, f"openai.APIError: {parser.state.error}"), parser.state.text
+        return fail(record, ErrorEventFailure, f"openai.APIError: {parser.state.error}"), parser.state.text
     if not parser.state.done:
-        return _fail(record, StreamCutFailure,
+        return fail(record, StreamCutFailure,
                      f"loadgen.StreamCut: stream closed after {parser.state.num_chunks} content chunks "
                      f"without data: [DONE] (finish_reason={parser.state.finish_reason})"), parser.state.text
     return None, parser.state.text
+
+
+def _arrivals(resp):
+    """The body's bytes, one piece per read, as they arrive."""
+    if resp.raw.chunked:
+        yield from resp.iter_content(chunk_size=None)
+        return
+    read1 = resp.raw.read1
+    while data := read1(READ_SIZE):
+        yield data
+
+
+def _as_requests_error(exc: BaseException) -> BaseException:
+    """urllib3's errors from a read1 worded as requests words the same errors from iter_content."""
+    if isinstance(exc, ReadTimeoutError):
+        return requests.exceptions.ConnectionError(exc)
+    if isinstance(exc, ProtocolError):
+        return requests.exceptions.ChunkedEncodingError(exc)
+    return exc
 
 
 def _abort(resp, record: RequestRecord, parser: SSEParser) -> tuple[None, str]:
@@ -194,7 +201,7 @@ def _fill(record: RequestRecord, parser: SSEParser) -> None:
         record.output_tokens_source = TokenSource.CHUNKS
 
 
-def _fail(record: RequestRecord, cls: type[StreamFailure], text: str) -> StreamFailure:
+def fail(record: RequestRecord, cls: type[StreamFailure], text: str) -> StreamFailure:
     """Mark the record failed with the full text; Locust gets a short one so its table groups by kind."""
     record.outcome = Outcome.FAILED
     record.failure_kind = cls.kind
@@ -210,7 +217,7 @@ def short_failure(kind: FailureKind, text: str, http_status: int | None = None) 
     return text.split(":", 1)[0]  # the exception's class, e.g. requests.exceptions.ChunkedEncodingError
 
 
-def _http_error_text(resp) -> str:
+def http_error_text(resp) -> str:
     """requests' raise_for_status wording, plus the OpenAI error message from the body."""
     reason = resp.reason or ""
     kind = "Client Error" if resp.status_code < 500 else "Server Error"

@@ -21,11 +21,11 @@ from loadgen.client import (
     StreamFailure,
     StreamSettings,
     TimeoutFailure,
-    _fail,
-    _http_error_text,
-    _is_read_timeout,
     describe_exception,
     exchange,
+    fail,
+    http_error_text,
+    is_read_timeout,
 )
 from loadgen.clientlog import ClientLog
 from loadgen.records import RequestRecord, TokenSource
@@ -43,17 +43,17 @@ def run_request(session, spec: RequestSpec, record: RequestRecord, settings: Str
 def _consume(resp, record: RequestRecord, elapsed_s: float) -> tuple[StreamFailure | None, str]:
     error = getattr(resp, "error", None)
     if getattr(resp, "status_code", 0) == 0 and error is not None:
-        return _fail(record, _failure_class(error), describe_exception(error)), ""
+        return fail(record, _failure_class(error), describe_exception(error)), ""
     record.http_status = resp.status_code
     if resp.status_code >= 400:
-        return _fail(record, HttpStatusFailure, _http_error_text(resp)), ""
+        return fail(record, HttpStatusFailure, http_error_text(resp)), ""
     try:
         body = json.loads(resp.content or b"")
     except (ValueError, requests.exceptions.RequestException) as exc:
-        return _fail(record, StreamCutFailure, f"loadgen.BadBody: the response body is not JSON ({exc})"), ""
+        return fail(record, StreamCutFailure, f"loadgen.BadBody: the response body is not JSON ({exc})"), ""
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return _fail(record, StreamCutFailure, "loadgen.BadBody: the response has no choices"), ""
+        return fail(record, StreamCutFailure, "loadgen.BadBody: the response has no choices"), ""
     choice = choices[0]
     message = choice.get("message")
     text = (message.get("content") if isinstance(message, dict) else choice.get("text")) or ""
@@ -72,7 +72,7 @@ def _consume(resp, record: RequestRecord, elapsed_s: float) -> tuple[StreamFailu
 
 def _failure_class(error: BaseException) -> type[StreamFailure]:
     """No answer: a read timeout, a body cut short (the server or a gateway closed), or no connection."""
-    if _is_read_timeout(error):
+    if is_read_timeout(error):
         return TimeoutFailure
     if isinstance(error, requests.exceptions.ChunkedEncodingError) or "IncompleteRead" in str(error) \
             or "Response ended prematurely" in str(error):

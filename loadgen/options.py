@@ -5,6 +5,7 @@ from pathlib import Path
 
 PROFILES = ("steady", "ramp", "spike", "step", "poisson", "long-context", "shared-prefix",
             "dynamic-prefix", "abort", "multi-turn")
+DEFAULT_REPORT_DIR = "reports"
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -48,7 +49,6 @@ class LoadgenConfig:
     seed: int | None
     num_users: int
     stream: bool = True  # --no-stream: stream false, E2E only
-    spawn_jitter: bool = True  # --no-spawn-jitter: a spawned batch's users start at the same instant
 
     @property
     def path(self) -> str:
@@ -58,13 +58,13 @@ class LoadgenConfig:
 def add_arguments(parser) -> None:
     """Register the options on Locust's parser (they show in the web UI).
 
-    Locust already owns `--profile` (a free-text run label shown in the web UI); it is reused here
-    as the load profile and checked against PROFILES.
+    Locust already owns `--profile` (a free-text run label); on the command line it names the load
+    profile. `--load-profile` is the same choice as a list (the web UI shows it as one) and wins
+    when both are given.
     """
-    for action in parser._actions:
-        if action.dest == "profile":
-            action.help = f"Load profile: {', '.join(PROFILES)} (default steady)"
     add = parser.add_argument  # Locust's own: knows include_in_web_ui, is_secret (a group's does not)
+    add("--load-profile", choices=PROFILES, default=None,
+        help=f"Load profile: {', '.join(PROFILES)} (default: --profile, else steady)")
     add("--endpoint", choices=sorted(ENDPOINTS), default="chat", help="chat or completions API")
     add("--api-key", default=None, is_secret=True, env_var="OPENAI_API_KEY", help="Bearer token")
     add("--model", default=None, help="Model name (default: the first from /v1/models)")
@@ -85,14 +85,12 @@ def add_arguments(parser) -> None:
     add("--slo-ttft-ms", type=float, default=0.0, help="goodput SLO on TTFT (0: none)")
     add("--slo-tpot-ms", type=float, default=0.0, help="goodput SLO on TPOT (0: none)")
     add("--slo-e2e-ms", type=float, default=0.0, help="goodput SLO on E2E latency (0: none)")
-    add("--report-dir", default=".", help="Where the summary, CSV and plots go")
+    add("--report-dir", default=DEFAULT_REPORT_DIR, help="Where the summary, CSV and plots go")
     add("--client-log", default="", help="Client log file: one line per failed, cut or cancelled request")
     add("--client-log-format", choices=["text", "json"], default="text", help="text or json lines")
     add("--timeout-s", type=float, default=300.0, help="Read timeout: longest silence inside a stream")
     add("--no-stream", action="store_true", default=False,
         help="Send stream: false and wait for the whole answer (E2E only: no TTFT, ITL or TPOT)")
-    add("--no-spawn-jitter", action="store_true", default=False,
-        help="Start each batch Locust spawns at the same instant (default: spread over the batch's interval)")
     add("--seed", type=int, default=0, help="Prompt generator seed (0: random)")
     add("--loadgen-profile", default="", include_in_web_ui=False,
         help="(internal) the master's profile, forwarded to workers")
@@ -103,9 +101,17 @@ def _positive(name: str, value: float | int) -> None:
         raise ConfigError(f"{name} must be > 0, got {value}")
 
 
-def config_from_options(opts) -> LoadgenConfig:
+def profile_of(opts, worker: bool = False) -> str:
+    """The run's load profile: --load-profile, else Locust's --profile, else steady. A worker takes
+    the one its master forwarded (Locust does not forward its own --profile)."""
+    if worker and getattr(opts, "loadgen_profile", ""):
+        return opts.loadgen_profile
+    return getattr(opts, "load_profile", None) or getattr(opts, "profile", None) or "steady"
+
+
+def config_from_options(opts, worker: bool = False) -> LoadgenConfig:
     """Validate Locust's parsed options; raises ConfigError naming the bad option."""
-    profile = getattr(opts, "loadgen_profile", "") or getattr(opts, "profile", None) or "steady"
+    profile = profile_of(opts, worker)
     if profile not in PROFILES:
         raise ConfigError(f"--profile {profile!r} is not a load profile; choose one of {', '.join(PROFILES)}")
     if opts.endpoint not in ENDPOINTS:
@@ -135,8 +141,7 @@ def config_from_options(opts) -> LoadgenConfig:
         num_turns=opts.turns, abort_after_tokens=opts.abort_after_tokens, stage_s=opts.stage_s,
         num_steps=opts.num_steps,
         slo=SLO(opts.slo_ttft_ms or None, opts.slo_tpot_ms or None, opts.slo_e2e_ms or None),
-        report_dir=Path(opts.report_dir or "."), client_log=opts.client_log or None,
+        report_dir=Path(opts.report_dir or DEFAULT_REPORT_DIR), client_log=opts.client_log or None,
         client_log_format=opts.client_log_format, timeout_s=opts.timeout_s, seed=opts.seed or None,
         num_users=num_users, stream=not getattr(opts, "no_stream", False),
-        spawn_jitter=not getattr(opts, "no_spawn_jitter", False),
     )

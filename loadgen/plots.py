@@ -54,11 +54,15 @@ def time_series(records: list[RequestRecord], bucket_s: float = 1.0) -> TimeSeri
                 tokens[min(num_buckets - 1, int((start + offset) / bucket_s))] += per_chunk
     seconds = [i * bucket_s for i in range(num_buckets)]
     in_flight = [sum(1 for start, end in spans if start <= t < end) for t in seconds]
+    # The last bucket ends with the last request, not a whole bucket later: rates over the time it covers.
+    run_end = max(end for _, end in spans)
+    widths = [max(1e-9, min(bucket_s, run_end - t)) for t in seconds]
     return TimeSeries(
         seconds=seconds,
         ttft_p50_ms=[_pct(v, 50) for v in ttfts], ttft_p99_ms=[_pct(v, 99) for v in ttfts],
         e2e_p50_ms=[_pct(v, 50) for v in e2es], e2e_p99_ms=[_pct(v, 99) for v in e2es],
-        requests_per_s=[c / bucket_s for c in completed], tokens_per_s=[t / bucket_s for t in tokens],
+        requests_per_s=[c / w for c, w in zip(completed, widths, strict=True)],
+        tokens_per_s=[t / w for t, w in zip(tokens, widths, strict=True)],
         in_flight=in_flight,
     )
 
@@ -77,13 +81,30 @@ def _plot(path: Path, title: str, ylabel: str, x: list[float], lines: dict[str, 
     plt.close(fig)
 
 
+def _plot_two_axes(path: Path, title: str, x: list[float], left: tuple[str, list], right: tuple[str, list]) -> None:
+    """Two rates of different scale (tokens/s is hundreds of times requests/s), each on its own axis."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    twin = ax.twinx()
+    ax.plot(x, left[1], label=left[0], marker=".", color="tab:blue")
+    twin.plot(x, right[1], label=right[0], marker=".", color="tab:orange")
+    ax.set_ylabel(left[0], color="tab:blue")
+    twin.set_ylabel(right[0], color="tab:orange")
+    ax.set_title(title)
+    ax.set_xlabel("seconds since start")
+    ax.grid(True, alpha=0.3)
+    fig.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
 def write_plots(records: list[RequestRecord], report_dir: Path) -> list[Path]:
     ts = time_series(records)
     paths = [report_dir / LATENCY_PNG, report_dir / THROUGHPUT_PNG, report_dir / CONCURRENCY_PNG]
     _plot(paths[0], "Latency percentiles (requests finishing each second)", "ms", ts.seconds,
           {"TTFT p50": ts.ttft_p50_ms, "TTFT p99": ts.ttft_p99_ms,
            "E2E p50": ts.e2e_p50_ms, "E2E p99": ts.e2e_p99_ms})
-    _plot(paths[1], "Throughput", "per second", ts.seconds,
-          {"output tokens/s": ts.tokens_per_s, "requests/s": ts.requests_per_s})
+    _plot_two_axes(paths[1], "Throughput", ts.seconds, ("output tokens/s", ts.tokens_per_s),
+                   ("requests/s (completed)", ts.requests_per_s))
     _plot(paths[2], "Requests in flight", "requests", ts.seconds, {"in flight": ts.in_flight})
     return paths

@@ -41,6 +41,8 @@ class RunInfo:
     block_size: int
     shared_prefix_tokens: float | None = None  # estimate, shared-prefix profile only
     stream: bool = True  # False under --no-stream: no TTFT, ITL or TPOT can be measured
+    client_cpu_warning: bool = False  # Locust warned that a client process ran above 90% CPU
+    max_client_cpu_percent: float | None = None  # the highest CPU share Locust measured in a client process
 
 
 def distribution(values: list[float]) -> dict:
@@ -93,7 +95,9 @@ def prefix_cache_section(ok: list[RequestRecord], info: RunInfo) -> dict:
 def summarize(records: list[RequestRecord], info: RunInfo) -> dict:
     ok = [r for r in records if r.outcome is Outcome.OK]
     failed = [r for r in records if r.outcome is Outcome.FAILED]
-    timed = ok + [r for r in records if r.outcome is Outcome.ABORTED]  # a cancelled stream's TTFT and ITL are real
+    # A cancelled stream's TTFT and ITL are real. A stream the end of the test cut keeps what it received
+    # in the CSV and the plots, but not here: its last reads raced Locust stopping every user at once.
+    timed = ok + [r for r in records if r.outcome is Outcome.ABORTED]
     start, end = run_window(records) if records else (0.0, 0.0)
     duration_s = end - start
     per_s = (lambda n: n / duration_s) if duration_s > 0 else (lambda n: None)
@@ -123,6 +127,8 @@ def summarize(records: list[RequestRecord], info: RunInfo) -> dict:
         "output_tokens_source": by_source,
         "output_tokens_estimated": by_source[TokenSource.CHUNKS.value] > 0,
         "prefix_cache": prefix_cache_section(ok, info),
+        "client_cpu_warning": info.client_cpu_warning,
+        "max_client_cpu_percent": info.max_client_cpu_percent,
     }
 
 
@@ -162,27 +168,60 @@ def _rate(value: float | None, unit: str) -> str:
     return "-" if value is None else f"{value:.3f} {unit}"
 
 
+def _share(value: float | None, missing: str) -> str:
+    return missing if value is None else f"{value:.1%}"
+
+
+def _slo_text(slo: dict) -> str:
+    names = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2e_ms": "E2E"}
+    return ", ".join(f"{names[k]} <= {v:g} ms" for k, v in slo.items() if v is not None)
+
+
 def markdown(s: dict) -> str:
     lines = [f"# Load test summary: profile `{s['profile']}`", "",
-             f"Host {s['host']}, endpoint {s['endpoint']}, model {s['model']}, duration {s['duration_s']:.3f} s."
+             f"Host {s['host']}, endpoint {s['endpoint']}, model {s['model'] or 'not known'}, "
+             f"duration {s['duration_s']:.3f} s."
              + ("" if s.get("stream", True) else " Not streamed (--no-stream): E2E only, no TTFT, ITL or TPOT."), "",
              f"Requests: {s['num_requests']} sent, {s['num_succeeded']} succeeded, {s['num_failed']} failed, "
-             f"{s['num_aborted']} aborted on purpose, {s['num_incomplete']} cut by the end of the test.", "",
-             "| metric (ms) | count | mean | p50 | p90 | p95 | p99 | max |", "|---|---|---|---|---|---|---|---|"]
+             f"{s['num_aborted']} aborted on purpose, {s['num_incomplete']} cut by the end of the test"
+             + (" (still streaming when it stopped: what they received is in the CSV, not in the latencies)."
+                if s["num_incomplete"] else "."), ""]
+    lines += _warnings(s)
+    lines += ["| metric (ms) | count | mean | p50 | p90 | p95 | p99 | max |", "|---|---|---|---|---|---|---|---|"]
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "client_queue_s"):
         d = s[key]
         lines.append(f"| {key[:-2].upper()} | {d['count']} | {_ms(d['mean'])} | {_ms(d['p50'])} | {_ms(d['p90'])} | "
                      f"{_ms(d['p95'])} | {_ms(d['p99'])} | {_ms(d['max'])} |")
     lines += ["", f"- Request throughput: {_rate(s['request_throughput_rps'], 'req/s')}",
               f"- Output token throughput: {_rate(s['output_token_throughput_tps'], 'tok/s')}",
-              f"- Total token throughput: {_rate(s['total_token_throughput_tps'], 'tok/s')}",
-              f"- Goodput: {_rate(s['goodput_rps'], 'req/s')} ({s['num_good']} requests meeting SLO {s['slo']})"]
-    if s["output_tokens_estimated"]:
-        lines.append(f"- Output tokens counted from chunks for {s['output_tokens_source']['chunks']} requests "
-                     "(the server sent no usage): TPOT and token throughput are estimates.")
+              f"- Total token throughput: {_rate(s['total_token_throughput_tps'], 'tok/s')}"]
+    if s["num_good"] is None:
+        lines.append("- Goodput: no SLO given (--slo-ttft-ms, --slo-tpot-ms, --slo-e2e-ms)")
+    else:
+        lines.append(f"- Goodput: {_rate(s['goodput_rps'], 'req/s')} ({s['num_good']} of {s['num_succeeded']} "
+                     f"requests meeting {_slo_text(s['slo'])})")
     pc = s["prefix_cache"]
-    lines.append(f"- Prefix cache: measured hit rate {pc['measured_hit_rate']}, best possible "
-                 f"{pc['best_possible_hit_rate']} (block size {pc['block_size']})")
+    measured = _share(pc["measured_hit_rate"], "not reported by the server")
+    best = _share(pc["best_possible_hit_rate"], "not estimated for this profile")
+    lines.append(f"- Prefix cache hit rate: measured {measured}, best possible {best} (block size {pc['block_size']})")
     lines += ["", "| failure kind | count |", "|---|---|"]
     lines += [f"| {kind} | {count} |" for kind, count in s["failures"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _warnings(s: dict) -> list[str]:
+    """What limits the numbers above, said before them."""
+    notes = []
+    if s.get("client_cpu_warning"):
+        peak = s.get("max_client_cpu_percent")
+        notes.append("- **The client was CPU-bound**: Locust measured a client process above 90% CPU"
+                     + (f" (peak {peak:.0f}%)" if peak is not None else "")
+                     + ". Latencies include time streams waited for the client: run more processes "
+                     "(--processes N) before reading them as the server's.")
+    if s["output_tokens_estimated"]:
+        notes.append(f"- **Output tokens estimated** for {s['output_tokens_source']['chunks']} requests: the server "
+                     "sent no usage, so tokens were counted as content chunks; TPOT and token throughput are "
+                     "estimates.")
+    if s["num_incomplete"]:
+        notes.append(f"- {s['num_incomplete']} requests were cut by the end of the test.")
+    return notes + [""] if notes else []

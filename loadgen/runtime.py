@@ -5,7 +5,6 @@ more on stop (a `loadgen_records` message), so the master writes one report over
 """
 
 import logging
-import math
 import random
 import sys
 import time
@@ -61,6 +60,12 @@ class LoadgenState:
         self._written = False
         self.worker_name = "local"
         self.final_worker_ids: set[str] = set()  # master: workers whose last records arrived
+        self.cpu_warning = False  # Locust warned of a client process above 90% CPU (this one or a worker)
+        self.max_cpu_percent: float | None = None
+
+    def note_cpu(self, cpu_percent: float) -> None:
+        self.cpu_warning = True
+        self.max_cpu_percent = max(cpu_percent, self.max_cpu_percent or 0.0)
 
     @property
     def headers(self) -> dict:
@@ -117,6 +122,7 @@ class LoadgenState:
     def take_unsent(self, final: bool = False) -> dict:
         batch, self.unsent = self.unsent, []
         return {"records": [r.to_dict() for r in batch], "model": self.model, "final": final,
+                "cpu_warning": self.cpu_warning, "max_cpu_percent": self.max_cpu_percent,
                 "tokens_per_word": self.calibration.tokens_per_word, "prefix_text": self.prefix_text}
 
     def merge(self, data: dict) -> None:
@@ -126,6 +132,8 @@ class LoadgenState:
         if data.get("tokens_per_word"):
             self.calibration.tokens_per_word = data["tokens_per_word"]
         self.prefix_text = self.prefix_text or data.get("prefix_text")
+        if data.get("cpu_warning"):
+            self.note_cpu(data.get("max_cpu_percent") or 0.0)
         self._dirty = self._dirty or bool(records)
 
     def reset(self) -> None:
@@ -143,7 +151,8 @@ class LoadgenState:
             shared = words * self.calibration.tokens_per_word
         info = RunInfo(profile=self.config.profile, endpoint=self.config.endpoint, host=host, model=self.model,
                        slo=self.config.slo.as_dict(), block_size=self.config.block_size,
-                       shared_prefix_tokens=shared, stream=self.config.stream)
+                       shared_prefix_tokens=shared, stream=self.config.stream,
+                       client_cpu_warning=self.cpu_warning, max_client_cpu_percent=self.max_cpu_percent)
         try:
             summary = write_report(self.records, info, self.config.report_dir)
         except ReportError as exc:
@@ -156,7 +165,7 @@ class LoadgenState:
 def build_state(environment) -> LoadgenState:
     """Validate the options into a state; SetupError with one line on any bad input."""
     try:
-        config = config_from_options(environment.parsed_options)
+        config = config_from_options(environment.parsed_options, isinstance(environment.runner, WorkerRunner))
         return LoadgenState(config, environment)
     except (ConfigError, DatasetError, ClientLogError) as exc:
         raise SetupError(str(exc)) from exc
@@ -170,8 +179,14 @@ def exit_with(message: str) -> None:
 
 
 def install_distributed(state_ref, environment) -> None:
-    """Wire the record merge: workers send, the master listens."""
+    """Wire the record merge: workers send, the master listens; every process notes Locust's CPU warning."""
     runner = environment.runner
+
+    def on_cpu_warning(environment, cpu_usage, **kwargs):
+        if state_ref() is not None:
+            state_ref().note_cpu(cpu_usage)
+
+    environment.events.cpu_warning.add_listener(on_cpu_warning)
     if isinstance(runner, WorkerRunner):
         def on_report(client_id, data):
             if state_ref() is not None:
@@ -214,20 +229,6 @@ def collect_final_records(state: LoadgenState, runner: MasterRunner) -> None:
                        len(missing))
 
 
-def spawn_interval(environment) -> float:
-    """Seconds over which to spread the start of one batch of spawned users (0: batches of one).
-
-    At spawn rate r Locust starts floor(r) users at the same instant every floor(r)/r seconds. Users
-    that start together stay in step, request after request: a herd whose bursts make every stream in
-    it wait for the client's CPU and the server's queue at once, which r users per second does not mean."""
-    dispatcher = getattr(environment.runner, "_users_dispatcher", None)
-    rate = getattr(dispatcher, "_spawn_rate", None) or getattr(environment.parsed_options, "spawn_rate", None)
-    if not rate or rate <= 0:
-        return 0.0
-    batch = math.floor(rate)
-    return batch / rate if batch > 1 else 0.0
-
-
 def sleep_until(ts: float) -> None:
     delay = ts - time.perf_counter()
     if delay > 0:
@@ -235,4 +236,4 @@ def sleep_until(ts: float) -> None:
 
 
 __all__ = ["LoadgenState", "SetupError", "ServerInfoError", "build_state", "collect_final_records", "exit_with",
-           "install_distributed", "sleep_until", "spawn_interval"]
+           "install_distributed", "sleep_until"]

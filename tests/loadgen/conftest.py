@@ -21,21 +21,16 @@ from locust.clients import HttpSession  # noqa: E402
 from locust.event import EventHook  # noqa: E402
 
 from loadgen.mockserver import MockConfig, MockServer  # noqa: E402
-from loadgen.session import settle_environment  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def user_session(url: str, events: list | None = None, settle: bool = True) -> HttpSession:
-    """Locust's HttpSession for url; each request event it fires goes into events. settle: the
-    environment read once, as ChatUser does (then requests take loadgen.session's fast path)."""
+def user_session(url: str, events: list | None = None) -> HttpSession:
+    """Locust's HttpSession for url; each request event it fires goes into events."""
     hook = EventHook()
     if events is not None:
         hook.add_listener(lambda **kw: events.append(kw))
-    session = HttpSession(url, request_event=hook, user=None)
-    if settle:
-        settle_environment(session, session.base_url)
-    return session
+    return HttpSession(url, request_event=hook, user=None)
 
 
 @pytest.fixture

@@ -90,7 +90,7 @@ def test_bad_sharegpt_files_get_one_clear_error(tmp_path, data, message):
 
 
 def options(**kw):
-    base = dict(profile=None, loadgen_profile="", endpoint="chat", api_key=None, model=None, prompt_tokens=256,
+    base = dict(profile=None, load_profile=None, loadgen_profile="", endpoint="chat", api_key=None, model=None, prompt_tokens=256,
                 output_tokens=0, dataset=None, rate=1.0, max_concurrency=0, max_model_len=0, block_size=16,
                 prefix_tokens=1024, turns=4, abort_after_tokens=3, stage_s=10.0, num_steps=4, slo_ttft_ms=0.0,
                 slo_tpot_ms=0.0, slo_e2e_ms=0.0, report_dir=".", client_log="", client_log_format="text",
@@ -102,7 +102,13 @@ def test_options_validate_into_a_config():
     cfg = config_from_options(options(profile="poisson", rate=3.0, slo_ttft_ms=500))
     assert (cfg.profile, cfg.max_concurrency, cfg.slo.ttft_ms, cfg.slo.tpot_ms) == ("poisson", 8, 500, None)
     assert config_from_options(options()).profile == "steady"
-    assert config_from_options(options(profile="steady", loadgen_profile="abort")).profile == "abort"
+    # A worker takes the master's profile; anywhere else a stale forwarded one never wins over the run's own.
+    assert config_from_options(options(profile="steady", loadgen_profile="abort"), worker=True).profile == "abort"
+    assert config_from_options(options(profile="steady", loadgen_profile="abort")).profile == "steady"
+    # The list (--load-profile, the web UI's choice) wins over Locust's free-text --profile.
+    assert config_from_options(options(profile="spike", load_profile="ramp")).profile == "ramp"
+    assert config_from_options(options(profile="spike", load_profile="")).profile == "spike"
+    assert str(config_from_options(options(report_dir="")).report_dir) == "reports"
     with pytest.raises(ConfigError, match="--profile 'burst' is not a load profile"):
         config_from_options(options(profile="burst"))
     with pytest.raises(ConfigError, match="--prompt-tokens must be > 0, got 0"):

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from loadgen.plots import time_series
 from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
 from loadgen.report import (
     REQUESTS_CSV,
@@ -12,6 +13,7 @@ from loadgen.report import (
     SUMMARY_MD,
     RunInfo,
     distribution,
+    markdown,
     summarize,
     write_report,
 )
@@ -98,3 +100,34 @@ def test_write_report_files(tmp_path):
     assert rows[0]["itl_s"] == "0.05 0.06" and rows[1]["failure_kind"] == "timeout"
     for name in ("loadgen_latency.png", "loadgen_throughput.png", "loadgen_concurrency.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_markdown_says_what_was_measured_never_python_values():
+    records = [ok(0, 0.1, [0.05, 0.06], cached=None, source=TokenSource.CHUNKS),
+               RequestRecord(request_id="cut", worker="local", profile="steady", scheduled_unix=1000.5,
+                             outcome=Outcome.INCOMPLETE, ttft_s=0.1, itl_s=[0.05], num_chunks=2, end_s=0.2)]
+    text = markdown(summarize(records, info(model=None, client_cpu_warning=True, max_client_cpu_percent=97.0)))
+    assert "None" not in text and "{" not in text
+    assert "- Goodput: no SLO given (--slo-ttft-ms, --slo-tpot-ms, --slo-e2e-ms)" in text
+    assert "**The client was CPU-bound**: Locust measured a client process above 90% CPU (peak 97%)" in text
+    assert "**Output tokens estimated** for 1 requests" in text
+    assert "1 cut by the end of the test (still streaming when it stopped" in text
+    assert "measured not reported by the server, best possible not estimated for this profile" in text
+    assert "model not known" in text
+    with_slo = markdown(summarize(records[:1], info(slo={"ttft_ms": 250.0, "tpot_ms": None, "e2e_ms": 900.0})))
+    assert "- Goodput: 4.762 req/s (1 of 1 requests meeting TTFT <= 250 ms, E2E <= 900 ms)" in with_slo  # 1 in 0.21 s
+    assert "CPU-bound" not in with_slo and "None" not in with_slo
+
+
+def test_incomplete_streams_count_in_throughput_over_time_not_in_latency():
+    # Three requests of 4 s each, every 0.5 s of them streaming a token, stopped 2.5 s in.
+    records = [RequestRecord(request_id=f"c{i}", worker="local", profile="steady", scheduled_unix=1000.0,
+                             outcome=Outcome.INCOMPLETE, ttft_s=0.5, itl_s=[0.5] * 3, num_chunks=4, end_s=2.5)
+               for i in range(3)]
+    s = summarize(records, info())
+    assert s["num_incomplete"] == 3 and s["ttft_s"]["count"] == 0
+    ts = time_series(records)
+    assert ts.seconds == [0.0, 1.0, 2.0]
+    # Tokens at 0.5, 1.0, 1.5, 2.0 s: 3, 6, 3 per bucket; the last bucket covers 0.5 s, so 3 / 0.5.
+    assert ts.tokens_per_s == [3.0, 6.0, 6.0]
+    assert ts.in_flight == [3, 3, 3]

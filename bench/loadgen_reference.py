@@ -1,0 +1,35 @@
+"""The plain reference client for bench/loadgen_fidelity.py: HttpUser, post(stream=True), iter_lines().
+
+Times each content line as iter_lines hands it over and, on quit, writes one JSON object per
+request to $LOADGEN_REFERENCE_OUT: {"ttft_s", "itl_s", "num_tokens"}.
+"""
+
+import json
+import os
+import time
+
+from locust import HttpUser, events, task
+
+RESULTS: list[dict] = []
+BODY = {"model": "sched-model", "max_tokens": 32, "stream": True, "ignore_eos": True,
+        "messages": [{"role": "user", "content": "tell me a story"}]}
+
+
+class ReferenceUser(HttpUser):
+    @task
+    def stream(self):
+        start = time.perf_counter()
+        arrivals = []
+        with self.client.post("/v1/chat/completions", json=BODY, stream=True, catch_response=True) as resp:
+            for line in resp.iter_lines():
+                if line.startswith(b"data: {") and b'"content"' in line:
+                    arrivals.append(time.perf_counter() - start)
+        if arrivals:
+            RESULTS.append({"ttft_s": arrivals[0], "itl_s": [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)],
+                            "num_tokens": len(arrivals)})
+
+
+@events.quitting.add_listener
+def _write(environment, **kwargs):
+    with open(os.environ["LOADGEN_REFERENCE_OUT"], "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in RESULTS)

@@ -94,6 +94,9 @@ def gpu_board() -> Board:
         Panel("Memory used (bytes)", [Query(f"llm:gpu_memory_used:bytes{GPU}", legend)], unit="bytes"),
         Panel("Exporters up", [Query('up{job="llm-gpu-exporter", instance=~"$instance"}', "{{instance}}")],
               kind="state-timeline", thresholds=[(1, "green")], base_color="red"),
+        Panel("NVML answering", [Query('llm:gpu_nvml_up{instance=~"$instance"}', "{{instance}}")],
+              kind="state-timeline", thresholds=[(1, "green")], base_color="red",
+              description="0: the exporter answers but cannot read NVML, so no GPU series (LLMGPUNVMLDown)."),
     ]
     thermals = [
         Panel("Temperature", [Query(f"llm:gpu_temperature:celsius{GPU}", legend)], unit="celsius",

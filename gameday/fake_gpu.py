@@ -1,7 +1,8 @@
-"""The real llm-gpu-exporter over the test suite's fake NVML: one healthy, busy GPU for the dashboards proof.
+"""The real llm-gpu-exporter over the test suite's fake NVML: one healthy, busy GPU for the game days.
 
-This machine has no GPU, so the exporter alone serves only `llm_gpu_nvml_up 0` and the GPU board
-would stay empty. For the scenarios that prove the dashboards, the harness runs the exporter's own
+Without a GPU the exporter alone serves only `llm_gpu_nvml_up 0`: LLMGPUNVMLDown would fire and the
+GPU board would stay empty. So on such a machine, and for the scenarios that prove the dashboards
+everywhere, the harness runs the exporter's own
 `run()` (HTTP server, collector, XID thread: all real) over `tests/exporters/fake_nvml.py`, the same
 fake NVML its tests use. The GPU is healthy: no thermal throttling, no ECC or XID errors, memory
 well below the alert threshold, so no GPU alert may fire.

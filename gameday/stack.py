@@ -93,13 +93,32 @@ def wait_engine_exit(proc: Proc, timeout_s: float = ENGINE_READY_TIMEOUT_S) -> i
     return proc.returncode if proc.returncode is not None else 0
 
 
+def nvml_answers() -> bool:
+    """Whether this machine's NVML initialises and sees a GPU (as the exporter would read it)."""
+    try:
+        import pynvml
+    except ImportError:
+        return False
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    try:
+        return pynvml.nvmlDeviceGetCount() > 0
+    except pynvml.NVMLError:
+        return False
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def start_exporter(stack: Stack, fake_gpu: bool) -> str | None:
-    """The GPU exporter: on this machine's real NVML (no GPU: llm_gpu_nvml_up 0), or with fake_gpu
-    over the tests' fake NVML (gameday.fake_gpu); None if the exporter is not installed."""
+    """The GPU exporter: on this machine's real NVML, or over the tests' fake NVML (gameday.fake_gpu)
+    with fake_gpu or where NVML sees no GPU: a real exporter there serves llm_gpu_nvml_up 0, which
+    LLMGPUNVMLDown rightly pages on. None if the exporter is not installed."""
     if importlib.util.find_spec("exporters.cli") is None:
         return None
     port = free_port()
-    module = "gameday.fake_gpu" if fake_gpu else "exporters.cli"
+    module = "gameday.fake_gpu" if fake_gpu or not nvml_answers() else "exporters.cli"
     argv = [*python_entry(module), "--host", "127.0.0.1", "--port", str(port)]
     proc = stack.sup.start(ProcSpec(name="gpu-exporter", argv=argv, env=child_env(), cwd=REPO_ROOT,
                                     log_path=stack.report_dir / "procs" / "gpu-exporter.log"))

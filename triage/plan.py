@@ -1,5 +1,7 @@
 """`llmtriage plan`: KV-cache arithmetic for a model on a GPU (bytes per token, budget, concurrency)."""
 
+from __future__ import annotations
+
 import json
 import math
 import re
@@ -17,16 +19,24 @@ class PlanError(Exception):
 
 
 def parse_size(text: str) -> int:
-    """'80GiB', '80G' (binary), '80GB' (decimal), '81920MiB'; a bare number means GiB."""
+    """'80GiB', '80G' (binary), '80GB' (decimal), '81920MiB'; a bare number means GiB. Never 0 bytes."""
     m = _SIZE.match(text)
-    if m is None:
+    try:
+        value = float(m.group(1)) if m else math.nan
+    except ValueError:  # '.', '1.2.3'
+        value = math.nan
+    if m is None or not math.isfinite(value):
         raise PlanError(f"not a memory size: {text!r} (use e.g. 80GiB, 24G, 81920MiB)")
-    value, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
+    unit, binary = m.group(2).upper(), m.group(3)
     if not unit:
-        return int(value * GIB)
-    power = "KMGT".index(unit) + 1
-    decimal = text.strip().upper().endswith("B") and not binary and unit
-    return int(value * (1000 ** power if decimal else 1024 ** power))
+        size = int(value * GIB)
+    else:
+        power = "KMGT".index(unit) + 1
+        decimal = text.strip().upper().endswith("B") and not binary and unit
+        size = int(value * (1000 ** power if decimal else 1024 ** power))
+    if size <= 0:
+        raise PlanError(f"memory size {text!r} is not more than 0 bytes")
+    return size
 
 
 @dataclass(slots=True)
@@ -37,6 +47,7 @@ class ModelShape:
     num_params: int
     max_position_embeddings: int | None
     config_dtype: str | None
+    num_heads: int = 0  # attention (query) heads
 
 
 def load_config(path: str) -> dict:
@@ -67,13 +78,65 @@ def shape_of(cfg: dict) -> ModelShape:
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         raise PlanError(f"model config lacks a usable {exc} field (hidden_size, num_hidden_layers, "
                         "num_attention_heads)") from exc
+    sizes = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+             "num_key_value_heads": kv_heads, "head_dim": head_dim, "intermediate_size": inter}
+    for name, value in sizes.items():
+        if value <= 0:
+            raise PlanError(f"model config: {name} is {value}, not a positive number")
+    if vocab < 0:
+        raise PlanError(f"model config: vocab_size is {vocab}, not a positive number")
+    if heads % kv_heads:
+        raise PlanError(f"model config: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    max_pos = cfg.get("max_position_embeddings")
+    if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos <= 0):
+        raise PlanError(f"model config: max_position_embeddings is {max_pos!r}, not a positive whole number")
     q, kv = heads * head_dim, kv_heads * head_dim
     bias = (q + 2 * kv) if cfg.get("attention_bias", cfg.get("model_type") == "qwen2") else 0
     per_layer = hidden * (q + 2 * kv) + bias + q * hidden + 3 * hidden * inter + 2 * hidden
     embed = vocab * hidden
     lm_head = 0 if cfg.get("tie_word_embeddings") else vocab * hidden
     params = embed + layers * per_layer + hidden + lm_head
-    return ModelShape(layers, kv_heads, head_dim, params, cfg.get("max_position_embeddings"), cfg.get("torch_dtype"))
+    return ModelShape(layers, kv_heads, head_dim, params, max_pos, cfg.get("torch_dtype"), heads)
+
+
+def tp_sizes(shape: ModelShape, limit: int = 64) -> list[int]:
+    """Tensor-parallel sizes up to limit that split this model as vLLM does: the attention heads
+    evenly, and the KV heads evenly (fewer ranks than KV heads) or each KV head over a whole number
+    of ranks (more ranks than KV heads: replicated)."""
+    return [tp for tp in range(1, limit + 1) if splits(shape, tp)]
+
+
+def splits(shape: ModelShape, tp: int) -> bool:
+    kv = shape.num_kv_heads
+    return shape.num_heads % tp == 0 and (kv % tp == 0 if tp < kv else tp % kv == 0)
+
+
+def _check_request(req: PlanRequest) -> None:
+    """Refuse numbers no engine could run with, before any arithmetic."""
+    if not req.gpu_memory_utilization > 0 or not req.gpu_memory_utilization <= 1:
+        raise PlanError("--gpu-memory-utilization must be in (0, 1]")
+    if req.tensor_parallel_size < 1:
+        raise PlanError(f"--tensor-parallel-size must be at least 1, got {req.tensor_parallel_size}")
+    if req.block_size < 1:
+        raise PlanError(f"--block-size must be a positive number of tokens, got {req.block_size}")
+    if req.max_model_len is not None and req.max_model_len < 1:
+        raise PlanError(f"--max-model-len must be a positive number of tokens, got {req.max_model_len}")
+    if req.gpu_memory <= 0:
+        raise PlanError(f"--gpu-memory must be more than 0 bytes, got {req.gpu_memory}")
+
+
+def _check_tensor_parallel(shape: ModelShape, tp: int) -> None:
+    if splits(shape, tp):
+        return
+    heads, kv = shape.num_heads, shape.num_kv_heads
+    if heads % tp:
+        why = f"does not divide the model's {heads} attention heads"
+    elif tp < kv:
+        why = f"does not divide the model's {kv} KV heads"
+    else:
+        why = f"is not a multiple of the model's {kv} KV heads"
+    valid = ", ".join(map(str, tp_sizes(shape)))
+    raise PlanError(f"--tensor-parallel-size {tp} {why} (vLLM refuses it); sizes that split this model: {valid}")
 
 
 @dataclass(slots=True)
@@ -108,11 +171,9 @@ class Plan:
 
 
 def make_plan(req: PlanRequest) -> Plan:
-    if not 0 < req.gpu_memory_utilization <= 1:
-        raise PlanError("--gpu-memory-utilization must be in (0, 1]")
-    if req.tensor_parallel_size < 1:
-        raise PlanError("--tensor-parallel-size must be at least 1")
+    _check_request(req)
     shape = shape_of(load_config(req.model))
+    _check_tensor_parallel(shape, req.tensor_parallel_size)
     dtype = req.dtype if req.dtype != "auto" else (shape.config_dtype or "bfloat16")
     if dtype not in DTYPE_BYTES:
         raise PlanError(f"unknown dtype {dtype!r} (one of {', '.join(sorted(DTYPE_BYTES))})")

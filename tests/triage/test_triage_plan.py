@@ -90,3 +90,72 @@ def test_bad_plan_input_exit_2(run_cli, qwen, tmp_path):
     for argv, message in cases:
         code, out, err = run_cli("plan", *argv)
         assert (code, out) == (2, "") and err.startswith(message) and err.count("\n") == 1
+
+
+LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+             "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 32,
+             "num_hidden_layers": 32, "num_key_value_heads": 8, "tie_word_embeddings": False,
+             "torch_dtype": "bfloat16", "vocab_size": 128256}
+
+
+def _model(tmp_path, name, cfg):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--block-size", "0"), "llmtriage: --block-size must be a positive number of tokens, got 0\n"),
+    (("--block-size", "-16"), "llmtriage: --block-size must be a positive number of tokens, got -16\n"),
+    (("--max-model-len", "-5"), "llmtriage: --max-model-len must be a positive number of tokens, got -5\n"),
+    (("--max-model-len", "0"), "llmtriage: --max-model-len must be a positive number of tokens, got 0\n"),
+    (("--tensor-parallel-size", "0"), "llmtriage: --tensor-parallel-size must be at least 1, got 0\n"),
+    (("--gpu-memory-utilization", "nan"), "llmtriage: --gpu-memory-utilization must be in (0, 1]\n"),
+    (("--gpu-memory-utilization", "0"), "llmtriage: --gpu-memory-utilization must be in (0, 1]\n"),
+])
+def test_impossible_numbers_are_refused_in_one_line(run_cli, qwen, argv, message):
+    """--block-size 0 was a ZeroDivisionError; negative sizes gave negative blocks and 'fits: yes'."""
+    assert run_cli("plan", "--model", qwen, "--gpu-memory", "80GiB", *argv) == (2, "", message)
+
+
+@pytest.mark.parametrize(("size", "message"), [
+    ("0", "memory size '0' is not more than 0 bytes"), ("0GiB", "memory size '0GiB' is not more than 0 bytes"),
+    (".", "not a memory size: '.'"), ("1.2.3", "not a memory size: '1.2.3'")])
+def test_impossible_memory_sizes(run_cli, qwen, size, message):
+    code, out, err = run_cli("plan", "--model", qwen, "--gpu-memory", size)
+    assert (code, out) == (2, "") and err.startswith(f"llmtriage: {message}") and err.count("\n") == 1
+
+
+def test_tensor_parallel_must_split_the_attention_heads(run_cli, tmp_path):
+    """vLLM: 'Total number of attention heads (32) must be divisible by tensor parallel size (3).'"""
+    llama = _model(tmp_path, "Meta-Llama-3-8B", LLAMA3_8B)
+    assert run_cli("plan", "--model", llama, "--gpu-memory", "80GiB", "--tensor-parallel-size", "3") == (
+        2, "", "llmtriage: --tensor-parallel-size 3 does not divide the model's 32 attention heads (vLLM refuses it); "
+               "sizes that split this model: 1, 2, 4, 8, 16, 32\n")
+
+
+def test_tensor_parallel_must_split_or_replicate_the_kv_heads(run_cli, qwen, tmp_path):
+    # 28 heads, 4 KV heads: 14 divides the heads, but 14 ranks cannot share 4 KV heads evenly
+    code, out, err = run_cli("plan", "--model", qwen, "--gpu-memory", "80GiB", "--tensor-parallel-size", "14")
+    assert (code, out, err) == (2, "", "llmtriage: --tensor-parallel-size 14 is not a multiple of the model's 4 KV "
+                                       "heads (vLLM refuses it); sizes that split this model: 1, 2, 4, 28\n")
+    # 12 heads, 6 KV heads: 4 divides the heads, not the KV heads
+    odd = _model(tmp_path, "odd", {**LLAMA3_8B, "hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 6})
+    code, _, err = run_cli("plan", "--model", odd, "--gpu-memory", "80GiB", "--tensor-parallel-size", "4")
+    assert code == 2 and err.startswith("llmtriage: --tensor-parallel-size 4 does not divide the model's 6 KV heads")
+    # more ranks than KV heads, a whole number of ranks per KV head: replicated, accepted
+    code, plan, _ = plan_json(run_cli, "--model", qwen, "--gpu-memory", "80GiB", "--tensor-parallel-size", "28")
+    assert code == 0 and plan["kv_bytes_per_token_per_gpu"] == 2 * 28 * 1 * 128 * 2
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("hidden_size", 0, "model config: hidden_size is 0, not a positive number"),
+    ("num_hidden_layers", -2, "model config: num_hidden_layers is -2, not a positive number"),
+    ("num_key_value_heads", 5, "model config: num_attention_heads 32 is not a multiple of num_key_value_heads 5"),
+    ("max_position_embeddings", -1, "model config: max_position_embeddings is -1, not a positive whole number"),
+    ("max_position_embeddings", "8k", "model config: max_position_embeddings is '8k', not a positive whole number"),
+])
+def test_impossible_model_configs(run_cli, tmp_path, field, value, message):
+    model = _model(tmp_path, "m", {**LLAMA3_8B, field: value})
+    assert run_cli("plan", "--model", model, "--gpu-memory", "80GiB") == (2, "", f"llmtriage: {message}\n")

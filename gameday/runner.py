@@ -13,7 +13,7 @@ from gameday import busy, dashboards, drill, prom, verdict
 from gameday.checks import AlertWatcher, run_triage
 from gameday.errors import GamedayError
 from gameday.load import start_phase
-from gameday.procs import wait_until
+from gameday.procs import http_get, wait_until
 from gameday.scenarios import Scenario
 from gameday.stack import (
     REPO_ROOT,
@@ -163,6 +163,7 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
             time.sleep(scenario.settle_s)
         watcher.stop()  # one last poll from this thread alone
         watcher.poll()
+        _capture_metrics(stack)
         log.add(start_ts, "alerts checked; running llmtriage")
         triage = run_triage(stack.logs_dir, stack.prom_url, report_dir, also_text=echo)
         failures += verdict.check(scenario, stack, watcher, triage, log, notes)
@@ -200,6 +201,21 @@ def _measure_load(stack: Stack, start_epoch: float, notes: list[str]) -> busy.Ma
     notes.append(load.summary())
     notes.extend(load.evidence())
     return load
+
+
+def _capture_metrics(stack: Stack) -> None:
+    """Each live engine's /metrics as it stands at the end (metrics/engine-N.txt, beside logs/:
+    llmtriage reads exposition snapshots, and the run's evidence is Prometheus's, not these)."""
+    for index, (proc, addr) in enumerate(zip(stack.engines, stack.engine_addrs, strict=True)):
+        if not proc.alive():
+            continue
+        try:
+            status, body = http_get(f"http://{addr}/metrics", timeout_s=10)
+        except OSError:
+            continue
+        if status == 200:
+            (stack.report_dir / "metrics").mkdir(exist_ok=True)
+            (stack.report_dir / "metrics" / f"engine-{index}.txt").write_bytes(body)
 
 
 def _probe_dashboards(stack: Stack, start_epoch: float, notes: list[str]) -> None:

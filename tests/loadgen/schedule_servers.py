@@ -32,19 +32,26 @@ class Stats:
 
     num_requests: int = 0
     server_ttft_s: list[float] = field(default_factory=list)
+    server_e2e_s: list[float] = field(default_factory=list)  # arrival to the last token's write
     min_gap_s: list[float] = field(default_factory=list)
+    sends_unix: dict[str, list[float]] = field(default_factory=dict)  # x-request-id: each token's write, wall clock
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def finished(self, ttft_s: float, min_gap_s: float | None) -> None:
+    def finished(self, ttft_s: float, e2e_s: float, min_gap_s: float | None, request_id: str | None,
+                 sends_unix: list[float]) -> None:
         with self.lock:
+            if request_id:
+                self.sends_unix[request_id] = sends_unix
             self.server_ttft_s.append(ttft_s)
+            self.server_e2e_s.append(e2e_s)
             if min_gap_s is not None:
                 self.min_gap_s.append(min_gap_s)
 
     def as_dict(self) -> dict:
         with self.lock:
             return {"num_requests": self.num_requests, "server_ttft_s": list(self.server_ttft_s),
-                    "min_gap_s": list(self.min_gap_s)}
+                    "server_e2e_s": list(self.server_e2e_s), "min_gap_s": list(self.min_gap_s),
+                    "sends_unix": dict(self.sends_unix)}
 
 
 def _chunk(chat: bool, text: str | None, finish: str | None = None, usage: dict | None = None) -> bytes:
@@ -65,14 +72,17 @@ def _num_words(body: dict) -> int:
     return len(str(body.get("prompt", "")).split())
 
 
-def events(body: dict, chat: bool, schedule: Schedule, arrival: float, stats: Stats):
-    """(due time, bytes) of one stream; the caller sleeps until each due time, then writes."""
+def events(body: dict, chat: bool, schedule: Schedule, arrival: float, stats: Stats, request_id: str | None):
+    """(due time, bytes) of one stream; the caller sleeps until each due time, writes, and sends back
+    the perf_counter time the write returned."""
     num_tokens = max(1, min(int(body.get("max_tokens") or schedule.num_tokens), schedule.num_tokens))
     due = arrival + schedule.ttft_s
     first = last = None
     min_gap = None
+    sends_unix = []
     for k in range(num_tokens):
         sent = yield due, _chunk(chat, f" tok{k}")
+        sends_unix.append(time.time() - (time.perf_counter() - sent))
         if first is None:
             first = sent
         else:
@@ -82,8 +92,8 @@ def events(body: dict, chat: bool, schedule: Schedule, arrival: float, stats: St
         due = max(arrival + schedule.ttft_s + (k + 1) * schedule.itl_s, sent + schedule.itl_s)
     usage = {"prompt_tokens": _num_words(body), "completion_tokens": num_tokens,
              "total_tokens": _num_words(body) + num_tokens}
+    stats.finished(first - arrival, last - arrival, min_gap, request_id, sends_unix)
     yield None, _chunk(chat, None, "length") + _chunk(chat, None, usage=usage) + b"data: [DONE]\n\n"
-    stats.finished(first - arrival, min_gap)
 
 
 def answer(body: dict, chat: bool) -> bytes:
@@ -121,6 +131,10 @@ def serve_stdlib(schedule: Schedule, stats: Stats, port: int):
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # TCP_NODELAY, as uvicorn, aiohttp and nginx set it: with Nagle's algorithm a token written
+        # while the one before is unacknowledged waits for the client's delayed ACK (40 ms on Linux),
+        # then both arrive together.
+        disable_nagle_algorithm = True
 
         def log_message(self, *args) -> None:
             pass
@@ -157,7 +171,7 @@ def serve_stdlib(schedule: Schedule, stats: Stats, port: int):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
-            drive(events(body, chat, schedule, arrival, stats), write, time.sleep)
+            drive(events(body, chat, schedule, arrival, stats, self.headers.get("x-request-id")), write, time.sleep)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
@@ -171,10 +185,10 @@ def serve_stdlib(schedule: Schedule, stats: Stats, port: int):
 
 
 # --- aiohttp.web ------------------------------------------------------------------------------
-async def _async_stream(body, chat, arrival, write, schedule: Schedule, stats: Stats) -> None:
+async def _async_stream(body, chat, arrival, write, schedule: Schedule, stats: Stats, request_id) -> None:
     import asyncio
 
-    gen = events(body, chat, schedule, arrival, stats)
+    gen = events(body, chat, schedule, arrival, stats, request_id)
     due, data = next(gen)
     while True:
         if due is not None and (delay := due - time.perf_counter()) > 0:
@@ -202,7 +216,7 @@ def serve_aiohttp(schedule: Schedule, stats: Stats, port: int):
             return web.Response(body=answer(body, chat), content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await _async_stream(body, chat, arrival, resp.write, schedule, stats)
+        await _async_stream(body, chat, arrival, resp.write, schedule, stats, request.headers.get("x-request-id"))
         await resp.write_eof()
         return resp
 
@@ -240,7 +254,7 @@ def serve_starlette(schedule: Schedule, stats: Stats, port: int):
         queue: asyncio.Queue = asyncio.Queue()
 
         async def produce() -> None:
-            await _async_stream(body, chat, arrival, queue.put, schedule, stats)
+            await _async_stream(body, chat, arrival, queue.put, schedule, stats, request.headers.get("x-request-id"))
             await queue.put(None)
 
         async def stream():

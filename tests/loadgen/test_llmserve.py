@@ -87,6 +87,9 @@ def test_client_ttft_matches_llmserve_ttft(llmserve, tmp_path):
     s = read_summary(tmp_path)
     assert s["model"] == "builtin" and s["num_succeeded"] >= 2 and s["num_failed"] == 0
     rows = list(csv.DictReader(open(tmp_path / REQUESTS_CSV)))
+    # Every token counted: the server's usage on every row, each ask met (ignore_eos), no row left out.
+    assert len(rows) == s["num_requests"] and {r["outcome"] for r in rows} == {"ok"}
+    assert {(r["output_tokens"], r["output_tokens_source"]) for r in rows} == {("6", "usage")}
     finished = {e["request_id"]: e for e in logs.events("request.finished")}
     assert {r["response_id"] for r in rows} <= set(finished)
     client = {r["response_id"]: float(r["ttft_s"]) for r in rows}

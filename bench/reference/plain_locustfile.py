@@ -11,7 +11,8 @@ import time
 from locust import HttpUser, events, task
 
 RESULTS: list[dict] = []
-BODY = {"model": "sched-model", "max_tokens": 32, "stream": True, "ignore_eos": True,
+BODY = {"model": os.environ.get("LOADGEN_REFERENCE_MODEL", "sched-model"),
+        "max_tokens": int(os.environ.get("LOADGEN_REFERENCE_TOKENS", "32")), "stream": True, "ignore_eos": True,
         "messages": [{"role": "user", "content": "tell me a story"}]}
 
 

@@ -14,8 +14,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 # torch first: the CPU build lies on local disk; a bare requirement would pull a multi-GB CUDA build.
-# pip builds triage/_speedups.c in place (optional: without a C compiler llmtriage runs its Python paths).
-$(STAMP): pyproject.toml triage/_speedups.c | $(BIN)/python
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	$(COMPILE)
@@ -61,4 +60,4 @@ bench: $(STAMP)
 	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
 
 clean:
-	rm -rf $(VENV) .venv-vllm .engines .pytest_cache .ruff_cache build triage/_speedups*.so
+	rm -rf $(VENV) .venv-vllm .engines .pytest_cache .ruff_cache build

@@ -4,9 +4,7 @@ Writes SIZE of engine JSON lines, nginx access (upstreaminfo) and error logs int
 engine crash two thirds of the way through, then times `llmtriage diagnose DIR --format json` and
 `grep -c -E <decisive words>` over the same files. Last line: JSON with `triage_vs_grep_time_ratio`
 (CPU seconds, user + system, which a shared machine disturbs far less than wall time; target <= 5),
-the wall-clock ratio too, throughput, llmtriage's peak RSS and its first finding. llmtriage runs a
-second time on its Python paths alone (LLMTRIAGE_PURE_PYTHON=1): `speedups_ratio` is that run's CPU
-time over the first's, and `same_report` says whether the two reports are byte for byte the same.
+the wall-clock ratio too, throughput, llmtriage's peak RSS and its first finding.
 
   python bench/triage_speed.py            # 256 MB
   python bench/triage_speed.py --quick    # 32 MB
@@ -118,32 +116,22 @@ def main() -> int:
         files = sorted(str(p) for p in folder.iterdir())
         grep_s, grep_cpu_s, _ = timed(["grep", "-c", "-E", DECISIVE, *files])
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        env.pop("LLMTRIAGE_PURE_PYTHON", None)
         argv = [sys.executable, "-m", "triage.cli", "diagnose", str(folder), "--format", "json"]
         triage_s, triage_cpu_s, tri = timed(argv, env)
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        _, python_cpu_s, pure = timed(argv, dict(env, LLMTRIAGE_PURE_PYTHON="1"))
-        for run in (tri, pure):
-            if run.returncode not in (0, 1):
-                print(run.stderr, file=sys.stderr)
-                return 1
+        if tri.returncode not in (0, 1):
+            print(tri.stderr, file=sys.stderr)
+            return 1
         findings = json.loads(tri.stdout)["findings"]
-    speedups = subprocess.run([sys.executable, "-c", "from triage.parsers.batch import SPEEDUPS; print(SPEEDUPS)"],
-                              capture_output=True, text=True, env=env).stdout.strip() != "None"
     print(f"{nbytes / 1e6:.0f} MB: llmtriage {triage_s:.2f} s wall / {triage_cpu_s:.2f} s CPU "
           f"({nbytes / 1e6 / triage_cpu_s:.1f} MB per CPU second), grep -c -E {grep_s:.2f} s wall / "
-          f"{grep_cpu_s:.2f} s CPU, peak RSS {peak_mb:.0f} MB; Python paths alone {python_cpu_s:.2f} s CPU "
-          f"({'same' if tri.stdout == pure.stdout else 'a DIFFERENT'} report; C speed-ups "
-          f"{'built' if speedups else 'NOT built'})", file=sys.stderr)
+          f"{grep_cpu_s:.2f} s CPU, peak RSS {peak_mb:.0f} MB", file=sys.stderr)
     print(json.dumps({"bytes": nbytes, "triage_s": round(triage_s, 3), "grep_s": round(grep_s, 3),
                       "triage_cpu_s": round(triage_cpu_s, 3), "grep_cpu_s": round(grep_cpu_s, 3),
                       "triage_vs_grep_time_ratio": round(triage_cpu_s / max(grep_cpu_s, 1e-3), 2),
                       "triage_vs_grep_wall_ratio": round(triage_s / max(grep_s, 1e-6), 2),
                       "triage_mb_per_cpu_s": round(nbytes / 1e6 / max(triage_cpu_s, 1e-3), 2),
-                      "peak_rss_mb": round(peak_mb, 1), "first_finding": findings[0]["id"] if findings else None,
-                      "speedups": speedups, "python_only_cpu_s": round(python_cpu_s, 3),
-                      "speedups_ratio": round(python_cpu_s / max(triage_cpu_s, 1e-3), 2),
-                      "same_report": tri.stdout == pure.stdout}))
+                      "peak_rss_mb": round(peak_mb, 1), "first_finding": findings[0]["id"] if findings else None}))
     return 0
 
 

@@ -5,10 +5,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from triage.model import Event, Finding
-from triage.parsers import FileParser
-from triage.parsers.batch import Batch
+from triage.parsers import FileParser, Wanted
 from triage.reader import Notes, iter_files, read_blocks
-from triage.rules import Facts, Rule, all_rules
+from triage.rules import Facts, Rule, all_rules, dispatch_table
 
 PROM_MARGIN = timedelta(minutes=2)
 DEFAULT_PROM_WINDOW = timedelta(hours=1)
@@ -20,7 +19,6 @@ class DiagnoseOptions:
     since: datetime | None = None
     until: datetime | None = None
     prometheus: str | None = None
-    batches: bool = True  # False: every line through the per-line parser (what the bulk paths must equal)
 
 
 @dataclass(slots=True)
@@ -35,14 +33,13 @@ class Diagnosis:
 
 
 class Dispatcher:
-    """Hands each event to the rules that asked for its kind, inside the --since/--until window."""
+    """Hands each event to the handlers of the rules that need its kind (rules.dispatch_table), inside
+    the --since/--until window; what they need (rules' Needs) tells the parsers which lines to read."""
 
     def __init__(self, rules: list[Rule], since: datetime | None, until: datetime | None):
         self.rules = rules
-        self.by_kind: dict[str, list[Rule]] = {}
-        for rule in rules:
-            for kind in rule.kinds:
-                self.by_kind.setdefault(kind, []).append(rule)
+        self.table = dispatch_table(rules)
+        self.wanted = Wanted([need for rule in rules for need in rule.needs])
         self.facts = Facts()
         self.since, self.until = since, until
 
@@ -51,22 +48,8 @@ class Dispatcher:
                 (self.since and ev.ts < self.since) or (self.until and ev.ts > self.until)):
             return
         self.facts.observe(ev)
-        for rule in self.by_kind.get(ev.kind, ()):
-            rule.observe(ev)
-
-    def feed_batch(self, batch: Batch) -> None:
-        """feed() for every line of a batch, each rule taking the lines in bulk."""
-        if self.since or self.until:
-            since, until = self.since, self.until
-            keep = [k for k, ts in enumerate(batch.times()) if ts is None or not (
-                (since and ts < since) or (until and ts > until))]
-            if len(keep) < len(batch):
-                batch = batch.subset(keep)
-            if not keep:
-                return
-        self.facts.observe_batch(batch)
-        for rule in self.by_kind.get(batch.kind, ()):
-            rule.observe_batch(batch)
+        for handler in self.table.get(ev.kind, ()):
+            handler(ev)
 
 
 # cause -> the findings it explains: a cause seen with at least medium confidence goes before them,
@@ -122,15 +105,11 @@ def rank(findings: list[Finding]) -> list[Finding]:
     return ordered
 
 
-def _read_file(path, notes: Notes, dispatcher: Dispatcher, batches: bool = True) -> None:
-    parser = FileParser(str(path), batches)
-    parse, feed, feed_batch = parser.parse, dispatcher.feed, dispatcher.feed_batch
+def _read_file(path, notes: Notes, dispatcher: Dispatcher) -> None:
+    parser = FileParser(str(path), dispatcher.wanted)
+    parse, feed, candidates = parser.parse, dispatcher.feed, parser.candidates
     for first, block in read_blocks(path, notes):
-        for item in parser.split_block(first, block):
-            if type(item) is not tuple:
-                feed_batch(item)
-                continue
-            lineno, line = item
+        for lineno, line in candidates(first, block):
             try:
                 events = parse(lineno, line)
             except Exception as exc:  # a parser bug must cost one line, never the diagnosis
@@ -152,7 +131,7 @@ def diagnose(opts: DiagnoseOptions) -> Diagnosis:
     try:
         for path in iter_files(opts.paths, notes):
             files.append(str(path))
-            _read_file(path, notes, dispatcher, opts.batches)
+            _read_file(path, notes, dispatcher)
     finally:
         if collecting:
             gc.enable()

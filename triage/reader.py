@@ -13,11 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from triage.speedups import C as _C
-
 MAX_LINE_BYTES = 1 << 20  # longer lines are cut here (characters once decoded) (a single-huge-line file keeps memory flat)
 SNIFF_BYTES = 8192
-BLOCK_BYTES = 1 << 18  # read and split at a time: big enough for C to do the work, small for flat memory
+BLOCK_BYTES = 1 << 18  # read and scanned at a time: big enough for one scan to do the work, small for flat memory
 _CRLF = re.compile(r"\r\n?")
 _TEXT_BYTES = bytes(b for b in range(256) if b >= 0x20 or b in b"\t\n\r\x0b\x0c\x1b")
 
@@ -157,27 +155,16 @@ def _sniff(handle, path: Path, notes: Notes) -> str | None:
 
 def read_lines(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
     """(line number, text) pairs, streamed; never raises for bad content."""
-    for first, _, lines in read_split_blocks(path, notes):
-        yield from enumerate(lines, first + 1)
-
-
-def count_lines(text: str) -> int:
-    """text.count("\\n"), in C where built (str.count reads one character at a time)."""
-    return text.count("\n") if _C is None else _C.count_lines(text)
-
-
-def read_split_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str, list[str]]]:
-    """read_blocks' (first, block) with the block's lines (block.split("\n") less the empty last)."""
     for first, block in read_blocks(path, notes):
         lines = block.split("\n")
         lines.pop()
-        yield first, block, lines
+        yield from enumerate(lines, first + 1)
 
 
 def read_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
     """(number of lines before the block, block): runs of whole lines, each ending in "\n" (a "\r\n" or
     lone "\r" ending becomes "\n"), about BLOCK_BYTES at a time; never raises for bad content. Blocks are
-    not split into lines here: the bulk paths read most of an engine log's blocks without splitting."""
+    not split into lines here: the parsers find the few lines they read in a block by one scan."""
     handle = _open_binary(path, notes)
     if handle is None:
         return
@@ -212,7 +199,7 @@ def _cut_long_lines(block: str) -> tuple[str, bool]:
 
 
 def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
-    """Binary blocks decoded in C; undecodable bytes become U+FFFD and are noted once."""
+    """Binary blocks decoded incrementally; undecodable bytes become U+FFFD and are noted once."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     lineno = 0
     carry = ""
@@ -224,7 +211,7 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
             block, _ = _whole_lines(carry, False)
             if block:
                 yield lineno, block
-                lineno += count_lines(block)
+                lineno += block.count("\n")
             notes.add(f"{path}: truncated or corrupt after line {lineno} ({exc or 'unexpected end'})")
             truncated = True
             break
@@ -249,7 +236,7 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
             if "\ufffd" in block:
                 bad_encoding = True
             yield lineno, block
-            lineno += count_lines(block)
+            lineno += block.count("\n")
         if final:
             break
     notes.num_lines_read += lineno

@@ -1,16 +1,21 @@
-"""Per-file line dispatch: each line's format is recognised from its content, never the file name."""
+"""Per-file line dispatch: each line's format is recognised from its content, never the file name.
+
+The reader hands blocks of whole lines; FileParser.candidates() finds the lines any rule may read the
+way grep does (one scan of every keyword over the block: the catalog's and those each format declares
+for the event kinds it makes) and parse() turns those into events. What the rules need is declared
+once, by the rules (triage.rules.Need): the keywords come from the kinds they need, and the engine's
+JSON lines are checked against the Needs' fields before they are decoded."""
 
 import json
 import re
-from bisect import bisect_left
 from collections.abc import Iterable
-from itertools import compress, repeat
-from operator import add, and_, getitem, not_
 
+import orjson
+import re2
+
+from triage import signatures
 from triage.model import Event
-from triage.parsers import batch as batch_module
 from triage.parsers import client, engine_json, gateways, metrics_text, text_logs
-from triage.parsers.batch import Batch, FinishedShape, access_batch, access_columns, finished_batch
 from triage.signatures import scan
 from triage.timeparse import parse_iso
 
@@ -19,90 +24,127 @@ _EXC_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt)\b")
 _CUDA_RUNTIME = re.compile(r"\+cu(?P<v>\d{3,4})\b|CUDA runtime version:? (?P<v2>\d+\.\d+)")
 MAX_FRAMES = 60
 _SCAN_ONCE = json.JSONDecoder().scan_once  # json's C scanner, without json.loads' three Python frames
+# Lines that change a file's parsing state whatever rules need: a traceback's frames (named in the OOM
+# that ends it) and the exception line that closes it.
+STATE_KEYWORDS = ("Traceback (most recent call last)", 'File "', "Error", "Exception", "Exit", "Interrupt")
+# (kind, source or None for any, literal keywords, regexes): each line a format makes an event of that
+# kind from holds one of them. Signature kinds come with their catalog keyword; the engine's own events
+# with engine_json.scan_patterns (narrowed by the Needs).
+MAKES: tuple[tuple[str, str | None, tuple[str, ...], tuple[str, ...]], ...] = (
+    *text_logs.MAKES, *gateways.MAKES, *client.MAKES, *metrics_text.MAKES,
+    ("cuda.runtime", None, ("+cu", "CUDA runtime version"), ()),
+)
 
 
 def _loads_line(line: str):
-    """json.loads for a line that starts with "{" (so no BOM); StopIteration or ValueError when invalid."""
+    """json.loads for a line that starts with "{" (so no BOM); StopIteration or ValueError when invalid.
+    orjson decodes a few times faster; what it refuses and json takes (NaN, integers beyond 64 bits, lone
+    surrogates, nesting past 1024) goes to json, so the result is json's."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        pass
     obj, end = _SCAN_ONCE(line, 0)
     if end != len(line) and line[end:].strip(" \t\n\r"):
         raise ValueError("extra data after the JSON value")
     return obj
 
 
+class Wanted:
+    """What the rules read, as the parsers use it: their Needs by kind, and the keyword scan that finds
+    the lines that may hold such events. Wanted() alone takes every kind (a parser on its own)."""
+
+    def __init__(self, needs: Iterable | None = None, catalog: Iterable | None = None):
+        self.everything = needs is None
+        self.by_kind: dict[str, list] = {}
+        for need in needs or ():
+            self.by_kind.setdefault(need.kind, []).append(need)
+        literals: set[str] = set(STATE_KEYWORDS)
+        regexes: set[str] = set()
+        for kind, source, words, patterns in MAKES:
+            if self.takes(kind, source):
+                literals.update(words)
+                regexes.update(patterns)
+        for kind in engine_json.ENGINE_EVENTS:
+            if self.takes(kind, engine_json.SOURCE):
+                needs = [n for n in self.by_kind.get(kind, ()) if n.takes_source(engine_json.SOURCE)]
+                words, patterns = engine_json.scan_patterns(kind, needs)
+                literals.update(words)
+                regexes.update(patterns)
+        for entry in signatures.SIGNATURES if catalog is None else catalog:
+            if self.takes(entry.kind, None):
+                literals.add(entry.keyword)
+        self.literals, self.regexes = sorted(literals), sorted(regexes)
+        pattern = "|".join([*(re.escape(w) for w in sorted(literals, key=len, reverse=True)), *regexes])
+        options = re2.Options()
+        options.max_mem = 64 << 20  # the DFA of a few hundred keywords
+        self.scanner = re2.compile("(?m)" + pattern, options)  # one pass over a block, however many keywords
+        self.scanner_bytes = re2.compile(("(?m)" + pattern).encode(), options)
+
+    def takes(self, kind: str, source: str | None) -> bool:
+        """Whether any rule reads events of kind from source (None: some source)."""
+        if self.everything:
+            return True
+        needs = self.by_kind.get(kind)
+        return bool(needs) and (source is None or any(n.takes_source(source) for n in needs))
+
+    def takes_json(self, kind: str, source: str, line: str) -> bool:
+        """Whether a rule reads the event of this undecoded JSON line (kind and source known): a Need
+        takes it when the line has every field it names, and every number it bounds is not below."""
+        if self.everything:
+            return True
+        for need in self.by_kind.get(kind, ()):
+            if not need.takes_source(source) or not all(f'"{f}":' in line for f in need.fields):
+                continue
+            if all(_quick_number(line, f'"{key}":') >= bound for key, bound in need.at_least):
+                return True
+        return False
+
+
+_EVERYTHING = Wanted()
+
+
 class FileParser:
     """Parses one file's lines in order; keeps the little state a format needs (traceback, CSV header)."""
 
-    def __init__(self, file: str, batches: bool = True):
+    def __init__(self, file: str, wanted: Wanted | None = None):
         self.file = file
+        self.wanted = wanted or _EVERYTHING
         self.frames: list[str] = []
         self.csv: client.CsvRecords | None = None
         self.exposition = False
-        self.batches = batches  # False: every wanted line through parse() (the reference the bulk paths match)
-        self.shape: FinishedShape | None = None
 
-    def split_block(self, first: int, block: str, lines: list[str] | None = None) -> list:
-        """A block of read_blocks as runs in line order: a Batch for lines the bulk paths read,
-        (line number, line) for each line to parse(); lines no rule reads (wanted_lines') are left out.
-        lines: the block's lines when split already (block.split("\n") less the empty last).
+    def candidates(self, first: int, block: str) -> list[tuple[int, str]]:
+        """(line number, line) of the block's lines that may hold events, in order: those with a keyword,
+        lines 1-3 (parse() reads them as a possible CSV header), and every line of a CSV (its rows have
+        no keyword). first: the number of lines before the block; the block ends in "\n"."""
+        if first >= 3 and self.csv is None:
+            return self._scan(first, block, 0)
+        lines = block.split("\n")
+        lines.pop()
+        head = lines[:max(0, 3 - first)]
+        if self.csv is not None or any(client.CsvRecords.sniff(line) for line in head):
+            return list(enumerate(lines, first + 1))
+        start = sum(map(len, head)) + len(head)  # the offset after them
+        return list(enumerate(head, first + 1)) + self._scan(first + len(head), block, start)
 
-        Bulk lines change none of the parser's state, so parse() sees what it would have seen."""
-        if not self.batches:
-            return [(first + i + 1, line) for i, line in wanted_lines(block)]
-        ascii = block.isascii()  # the C checks read ASCII lines only
-        if lines is None and ascii and batch_module.SPEEDUPS is not None and (
-                found := batch_module.SPEEDUPS.engine_block(block)):
-            fin_idx, fin_lines = found  # the common case, checked in C before splitting the block
-            slow, batches = self._finished(first, fin_idx, fin_lines, ascii)
-            return _runs(batches, slow, dict(zip(fin_idx, fin_lines, strict=True)) if slow else {}, first)
-        if lines is None:
-            lines = block.split("\n")
-            lines.pop()
-        n = len(lines)
-        fin_idx: list[int] = []
-        if '"event":"' in block:
-            fin_idx, other_idx = _engine_split(block, lines)
+    def _scan(self, first: int, block: str, start: int) -> list[tuple[int, str]]:
+        out = []
+        find, rfind, count = block.find, block.rfind, block.count
+        raw = block.encode()
+        if len(raw) == len(block):  # ASCII: byte offsets are character offsets, and bytes scan fastest
+            search, text = self.wanted.scanner_bytes.search, raw
         else:
-            other_idx = list(range(n))
-        slow, batches = self._finished(first, fin_idx, list(map(lines.__getitem__, fin_idx)), ascii)
-        if other_idx and '] "' in block and self._no_csv(first, lines):
-            sub = lines if len(other_idx) == n else list(map(lines.__getitem__, other_idx))
-            cols = access_columns(sub, ascii)  # client, time, status (set where the row matched), ...
-            if first < 3 or "" in cols[2]:  # parse() reads lines 1-3 as a possible CSV header first
-                hit = [k for k, status in enumerate(cols[2]) if status and other_idx[k] >= 3 - first]
-            else:
-                hit = None  # every line
-            if hit is None or hit:
-                if hit is not None and len(hit) < len(other_idx):
-                    hit_set = set(hit)
-                    slow += [i for k, i in enumerate(other_idx) if k not in hit_set]
-                    other_idx = [other_idx[k] for k in hit]
-                    cols = [[col[k] for k in hit] for col in cols]
-                    sub = list(map(lines.__getitem__, other_idx))
-                batches.append(access_batch(self.file, first + 1, other_idx, sub, cols))
-                other_idx = []
-        slow += other_idx
-        return _runs(batches, slow, lines, first)
-
-    def _finished(self, first: int, fin_idx: list[int], fin_lines: list[str], ascii: bool,
-                  ) -> tuple[list[int], list[Batch]]:
-        """request.finished candidates (block indices, lines) as (indices left to parse(), batches)."""
-        if not fin_idx:
-            return [], []
-        shape = self.shape
-        head = fin_lines[0]
-        if shape is None or not shape.regex.fullmatch(head):
-            shape = FinishedShape.learn(head) or shape
-            self.shape = shape
-        if shape is None:
-            return list(fin_idx), []
-        batch, misses = finished_batch(self.file, first + 1, fin_idx, fin_lines, shape, ascii)
-        return [fin_idx[k] for k in misses], [] if batch is None else [batch]
-
-    def _no_csv(self, first: int, lines: list[str]) -> bool:
-        """Whether parse() will read no line after the first three as CSV (a header is one of them)."""
-        if self.csv is not None:
-            return False
-        return first >= 3 or not any(client.CsvRecords.sniff(line) for line in lines[:3 - first])
+            search, text = self.wanted.scanner.search, block
+        lineno, counted = first, start  # lineno: the lines before offset counted
+        pos, end = start, len(block)
+        while pos < end and (m := search(text, pos)) is not None:
+            at = m.start()
+            begin = rfind("\n", 0, at) + 1
+            lineno += count("\n", counted, begin) + 1
+            pos = counted = find("\n", at) + 1  # the next search starts on the next line
+            out.append((lineno, block[begin:pos - 1]))
+        return out
 
     def parse(self, lineno: int, line: str) -> list[Event]:
         if not line or line.isspace():
@@ -122,8 +164,11 @@ class FileParser:
         return self._text(lineno, line)
 
     def _json(self, lineno: int, line: str) -> list[Event] | None:
-        if _uninteresting(line):
-            return []
+        at = line.find('"event":"')
+        if at >= 0:  # the engine's own events: those no rule reads are not decoded
+            name = line[at + 9:line.find('"', at + 9)]
+            if name in engine_json.ENGINE_EVENTS and not self.wanted.takes_json(name, engine_json.SOURCE, line):
+                return []
         try:
             obj = _loads_line(line)
         except (ValueError, RecursionError, StopIteration):  # RecursionError: pathologically nested input
@@ -218,155 +263,6 @@ class FileParser:
                 ev.fields["frames"] = list(self.frames)
             self.frames = []
         return events
-
-
-# Engine events no rule reads (unless they carry prompt text): skipped before decoding the JSON.
-_SKIP_EVENTS = ('"event":"request.first_token"', '"event":"http.access"', '"event":"request.received"')
-_FINISHED = '"event":"request.finished"'
-_SCHEDULED = '"event":"request.scheduled"'
-_SHORT_QUEUE = re.compile(r'"queue_s":-?0(?:\.\d*)?(?![\d.eE+\-])')  # a number _quick_number reads as < 1
-
-
-def wanted_lines(block: str) -> Iterable[tuple[int, str]]:
-    """(index, line) of a block's lines that may hold events (read_blocks' blocks end in "\\n").
-
-    The engine events _uninteresting skips are dropped here, most by C-level maps before any per-line
-    Python: four lines in five of an engine log. A line that logs a prompt is user text, so such blocks
-    are left whole."""
-    lines = block.split("\n")
-    lines.pop()
-    if '"event":"' not in block or '"prompt":' in block:
-        return enumerate(lines)
-    # str.find gives -1 without the key, and startswith(key, -1) then looks at the last character only
-    at_event = list(map(str.find, lines, repeat('"event":"')))
-    skipped = map(and_, map(str.startswith, lines, repeat("{")), map(str.startswith, lines, repeat(_SKIP_EVENTS),
-                                                                   at_event))
-    out = []
-    for i in compress(range(len(lines)), map(not_, skipped)):
-        line = lines[i]
-        at = at_event[i]
-        if at > 0 and line.startswith(_SCHEDULED, at) and line[0] == "{" and _SHORT_QUEUE.match(
-                line, line.find('"queue_s":')):  # the first "queue_s", as _quick_number reads it
-            continue
-        out.append((i, line))
-    return out
-
-
-# The engine events this file reads, by the character 19 after the start of the event key (unique to each)
-_ENGINE_KEYS = (*_SKIP_EVENTS, _FINISHED, _SCHEDULED)  # the commonest first
-_AT_19 = {"n": _FINISHED, "h": _SCHEDULED, "r": _SKIP_EVENTS[0], "s": _SKIP_EVENTS[1], "c": _SKIP_EVENTS[2]}
-assert all(key[19] == code for code, key in _AT_19.items())
-_IS_FINISHED = bytes(int(c == ord("n")) for c in range(256))
-_IS_SCHEDULED = bytes(int(c == ord("h")) for c in range(256))
-_IS_SKIPPED = bytes(int(c in b"rsc") for c in range(256))
-_CODES = "".join(_AT_19).encode()
-_SCHEDULED_SHORT = re.compile(re.escape(_SCHEDULED) + "," + _SHORT_QUEUE.pattern)
-
-
-def _engine_split(block: str, lines: list[str]) -> tuple[list[int], list[int]]:
-    """(request.finished candidates, the other lines wanted_lines keeps): indices into lines, in order.
-
-    The common case, an engine log and nothing else, is settled by C-level maps and counts over the
-    block's lines: each line's code (the character 19 after its first event key) names the key it
-    claims, and only the claims that decide a drop are checked (the bulk path checks a candidate's).
-    (_speedups.engine_block checks the same common case in C before a block is split.)"""
-    at = list(map(str.find, lines, repeat('"event":"')))
-    try:
-        codes = _codes(lines, at)
-    except IndexError:  # a line too short for a code: no engine line
-        return _engine_split_known(block, lines, at)
-    if codes.translate(None, _CODES) or not _droppable(block, lines):  # a code no key has
-        return _engine_split_known(block, lines, at)
-    is_skip, is_sched = codes.translate(_IS_SKIPPED), codes.translate(_IS_SCHEDULED)
-    if all(map(str.startswith, compress(lines, is_skip), repeat(_SKIP_EVENTS), compress(at, is_skip))) and (
-            _all_short_queues(list(compress(lines, is_sched)), compress(at, is_sched))):
-        return list(compress(range(len(lines)), codes.translate(_IS_FINISHED))), []  # every other line dropped
-    return _engine_split_known(block, lines, at)
-
-
-def _engine_split_known(block: str, lines: list[str], at: list[int]) -> tuple[list[int], list[int]]:
-    """_engine_split when its common case does not hold: the lines with an engine key first, then the
-    candidates among them; a block of them all starting with "{" may still drop every other line."""
-    n = len(lines)
-    known = list(map(str.startswith, lines, repeat(_ENGINE_KEYS), at))
-    if sum(known) == n:
-        known_idx, known_lines, known_at = range(n), lines, at
-    else:
-        known_idx = list(compress(range(n), known))
-        known_lines = list(map(lines.__getitem__, known_idx))
-        known_at = list(map(at.__getitem__, known_idx))
-    codes = _codes(known_lines, known_at)
-    fin_idx = list(compress(known_idx, codes.translate(_IS_FINISHED)))
-    if len(known_idx) == n and _droppable(block, lines):  # every other known line is dropped...
-        sched = list(compress(lines, codes.translate(_IS_SCHEDULED)))
-        if None not in map(_SHORT_QUEUE.match, sched, map(str.find, sched, repeat('"queue_s":'))):
-            return fin_idx, []  # ...and so is every request.scheduled line here
-    fin_set = set(fin_idx)
-    return fin_idx, [i for i, _ in wanted_lines(block) if i not in fin_set]
-
-
-def _codes(lines: list[str], at: Iterable[int]) -> bytes:
-    """Each line's code: its character 19 after at (its first event key); IndexError for a short line."""
-    return "".join(map(getitem, lines, map(add, at, repeat(19)))).encode()
-
-
-def _droppable(block: str, lines: list[str]) -> bool:
-    """Whether wanted_lines may drop the block's lines by their event keys: no logged prompt, and every
-    line starts with "{" (the smallest line is at least "{", the largest below "|")."""
-    return '"prompt":' not in block and min(lines, default="{") >= "{" and max(lines, default="{") < "|"
-
-
-def _all_short_queues(lines: list[str], at: Iterable[int]) -> bool:
-    """Whether every line holds at at (its first event key) the request.scheduled key followed by a
-    "queue_s" whose number _quick_number reads as < 1, and that "queue_s" is its first: one there in
-    each line and as many in all the lines as there are lines means it is each line's only one."""
-    return "\n".join(lines).count('"queue_s":') == len(lines) and None not in map(
-        _SCHEDULED_SHORT.match, lines, at)
-
-
-def _runs(batches: list[Batch], slow: list[int], lines, first: int) -> list:
-    """Batches and slow lines (indices, any order; lines[i] their text) in line order."""
-    slow.sort()
-    if not batches:
-        return [(first + i + 1, lines[i]) for i in slow]
-    return _in_order(batches, slow, lines, first)
-
-
-def _in_order(batches: list[Batch], slow: list[int], lines, first: int) -> list:
-    """Batches and slow lines (sorted indices) merged into line order, batches cut where needed."""
-    if len(batches) == 1:
-        batch, out, lo = batches[0], [], 0
-        for i in slow:
-            cut = bisect_left(batch.idx, i)
-            if cut > lo:
-                out.append(batch.slice(lo, cut))
-                lo = cut
-            out.append((first + i + 1, lines[i]))
-        if lo < len(batch):
-            out.append(batch.slice(lo, len(batch)) if lo else batch)
-        return out
-    # both kinds in one block (interleaved logs): tag every line, then cut runs
-    tagged = sorted([(i, -1, 0) for i in slow] + [(i, b, k) for b, batch in enumerate(batches)
-                                                   for k, i in enumerate(batch.idx)])
-    out, start = [], 0
-    for j, (i, b, k) in enumerate(tagged):
-        if b < 0:
-            out.append((first + i + 1, lines[i]))
-            start = j + 1
-        elif j + 1 == len(tagged) or tagged[j + 1][1] != b:
-            out.append(batches[b].slice(tagged[start][2], k + 1))
-            start = j + 1
-    return out
-
-
-def _uninteresting(line: str) -> bool:
-    start = line.find('"event":"')
-    if start < 0:
-        return False
-    key = line[start:line.find('"', start + 9) + 1]
-    if key == '"event":"request.scheduled"':
-        return _quick_number(line, '"queue_s":') < 1.0  # only slow first schedules matter
-    return key in _SKIP_EVENTS and '"prompt":' not in line
 
 
 def _quick_number(line: str, key: str) -> float:

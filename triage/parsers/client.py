@@ -16,6 +16,12 @@ KIND_TO_SIGNAL = {
     "client_abort": "client.cancel", "timeout": "client.timeout", "stream_cut": "client.stream_cut",
     "connect_error": "client.connect_refused", "http_status": "client.http_status", "error_event": "client.error_event",
 }
+# triage.parsers.MAKES: loadgen's lines name their logger; per-request records carry ttft (a CSV's rows
+# have no keyword: FileParser.candidates takes every line of a CSV)
+MAKES = (
+    *((kind, "loadgen", ("loadgen",), ()) for kind in (*KIND_TO_SIGNAL.values(), "client.failure")),
+    ("client.request", "loadgen", ('"e2e_s"', '"itl_s"'), ()),  # (with ttft_s: a record has one of them)
+)
 
 
 def _float(v) -> float | None:

@@ -14,6 +14,26 @@ ENGINE_EVENTS = frozenset({
 })
 _TEXT_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT[\d:.]+Z) (INFO|WARNING|ERROR|DEBUG)\s+([a-z_]+\.[a-z_.]+)(?: (.*))?$")
 _KV = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\[[^\]]*\]|\{[^}]*\}|\S+)')
+# A JSON number read as below 1 by the parser's quick look (-?0, -?0.ddd with no exponent) is all that
+# this leaves out, in the RE2 syntax of the keyword scan (no look-ahead)
+_NOT_BELOW_1 = r"(?:-?[1-9]|-?0[0-9.]*[eE]|-?0[0-9]|[^-0-9\s]|-[^0-9])"
+
+
+def scan_patterns(kind: str, needs: list) -> tuple[list[str], list[str]]:
+    """(literals, regexes in RE2 syntax) that find every line of this kind that a Need takes: the text
+    form by its event name after a space, the JSON form by its quoted name and, where every Need narrows
+    the kind by one field or one bound of at least 1, by that too (on either side of the name): routine
+    lines no rule reads are then never handed over. The parser checks exactly (FileParser._json)."""
+    name = re.escape(kind)
+    text_form, quoted = f" {kind}", f'"{kind}"'
+    conds = []
+    for need in needs:
+        parts = [rf'"{re.escape(f)}":' for f in need.fields]
+        parts += [rf'"{re.escape(key)}":\s*{_NOT_BELOW_1}' for key, bound in need.at_least if bound >= 1]
+        if len(parts) != 1 or len(need.at_least) > 1 or any(bound < 1 for _, bound in need.at_least):
+            return [quoted, text_form], []  # no narrowing to one condition: every line of the kind
+        conds.append(parts[0])
+    return [text_form], [p for c in conds for p in (rf'"{name}"[^\n]*{c}', rf'{c}[^\n]*"{name}"')]
 
 
 def parse_json_object(obj: dict, line: str, file: str, lineno: int) -> Event | None:

@@ -37,7 +37,14 @@ _ENVOY_UPSTREAM = {"UC", "UF", "UH", "URX", "UR", "LH", "NR"}
 
 
 _CUT_OF_STATUS = {499: "client", 460: "client", 504: "timeout", 502: "upstream_failed"}
-CUT_STATUSES = frozenset(_CUT_OF_STATUS)
+# triage.parsers.MAKES: where each access format's lines are found
+MAKES = (
+    ("http.access", "nginx-access", ('] "',), ()),
+    ("http.access", "envoy", ('] "',), ()),
+    ("http.access", "haproxy", ("haproxy[",), ()),
+    ("http.access", "alb", (), (r"^(?:https?|h2|grpcs?|wss?) ",)),
+    ("http.access", "uvicorn", ("INFO:",), ()),
+)
 
 
 def cut_for_status(status: int) -> str | None:

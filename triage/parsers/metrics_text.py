@@ -29,6 +29,13 @@ _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _SMI_HEAD = re.compile(r"NVIDIA-SMI (?P<smi>[\d.]+)\s+Driver Version: (?P<driver>[\d.]+)\s+CUDA Version: (?P<cuda>[\d.]+)")
 _SMI_MEM = re.compile(r"\|\s+(?P<used>\d+)MiB / (?P<total>\d+)MiB\s+\|")
+# triage.parsers.MAKES: a sample line starts with its series' name ("up" alone would be a word in any
+# line: anchored); HELP and TYPE lines tell that a file is an exposition
+MAKES = (
+    ("metric", "prometheus", ("# HELP ", "# TYPE ", *(n for n in METRIC_ALIASES if n != "up")), (r"^up[{ ]",)),
+    ("gpu.driver", "nvidia-smi", ("NVIDIA-SMI",), ()),
+    ("gpu.memory", "nvidia-smi", ("MiB /",), ()),
+)
 
 
 def metric_event(metric: str, labels: dict, values: list[tuple[float, float]], file: str,

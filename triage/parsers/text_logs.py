@@ -80,6 +80,13 @@ _PHASES = (
                                "llm_load_tensors", "load_tensors:", "Loading model weights", "failed to load '")),
 )
 _RECEIVED = re.compile(r"Received request (?P<id>[^\s:]+):? prompt: (?P<q>['\"])(?P<prompt>.*?)(?P=q), params")
+# triage.parsers.MAKES: the kinds engine_text_events makes, by the words it checks first
+MAKES = (
+    ("engine.stats", None, ("Avg prompt throughput", "#running-req"), ()),
+    ("request.received", None, ("Received request",), ()),
+    ("request.aborted", None, ("borted",), ()),
+    *((kind, None, keys, ()) for kind, keys in _PHASES),
+)
 _ABORTED = re.compile(r"Aborted request(?:\(s\)|s)? (?P<ids>[^\s.][^ ]*?)\.?$|Request (?P<id>\S+) aborted\.")
 
 

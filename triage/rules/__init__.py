@@ -1,5 +1,7 @@
 """Rules, one per failure family: each consumes events and produces findings."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 
 from triage.model import Confidence, Event, EvidenceSet, Finding, RequestIds
@@ -108,48 +110,71 @@ class Facts:
         elif (kind == "request.finished" or kind == "request.aborted") and ev.source == "engine-json":
             self.num_engine_requests += 1
 
-    def observe_batch(self, batch) -> None:
-        """observe() for every line of a batch (request.finished or gateway http.access, all timed or not)."""
-        n = len(batch)
-        self.num_events += n
-        if n:
-            source = batch.event(0).source
-            self.sources[source] = self.sources.get(source, 0) + n
-        if batch.kind == "http.access":
-            self.num_gateway_requests += n  # batches hold gateway lines only
-            self.num_http_errors += sum(map((500).__le__, batch.status))
-        else:
-            self.num_engine_requests += n  # request.finished from the engine
-        lo, hi = batch.time_range()
-        if hi is not None:
-            if self.last_request_ts is None or hi > self.last_request_ts:
-                self.last_request_ts = hi
-            if self.first_ts is None or lo < self.first_ts:
-                self.first_ts = lo
-            if self.last_ts is None or hi > self.last_ts:
-                self.last_ts = hi
-
     @property
     def num_requests(self) -> int:
         return max(self.num_engine_requests, self.num_gateway_requests)
 
 
+@dataclass(frozen=True, slots=True)
+class Need:
+    """What a rule reads: events of one kind. The reader skips the lines that no rule's Need takes, so a
+    Need may narrow what it takes, by the rule's own numbers (one definition):
+
+    fields: only events with every one of these fields (JSON keys); at_least: only those whose field is
+    at least the bound (an event without the field, or with one that is no number, is taken: the rule
+    decides); not_from: not events of these sources."""
+
+    kind: str
+    fields: tuple[str, ...] = ()
+    at_least: tuple[tuple[str, float], ...] = ()
+    not_from: tuple[str, ...] = ()
+
+    def takes_source(self, source: str) -> bool:
+        return source not in self.not_from
+
+
 class Rule:
-    """Base: `kinds` names the event kinds the rule wants; findings() runs once at the end."""
+    """Base: `needs` declares what the rule reads; handlers() maps each needed kind to the method that
+    takes its events (an explicit table: a kind without a handler is an error, not silently dropped);
+    findings() runs once at the end."""
 
-    kinds: tuple[str, ...] = ()
+    needs: tuple[Need, ...] = ()
 
-    def observe(self, ev: Event) -> None:
+    def handlers(self) -> dict[str, Callable[[Event], None]]:
         raise NotImplementedError
 
-    def observe_batch(self, batch) -> None:
-        """observe() for each line of a triage.parsers.batch.Batch, in order; rules override it to take
-        the common lines in bulk."""
-        for k in range(len(batch)):
-            self.observe(batch.event(k))
+    def observe(self, ev: Event) -> None:
+        """One event through this rule's own table, as the Dispatcher hands it (a kind the rule does not
+        need is not handed: nothing happens)."""
+        table = self.__dict__.get("_table")
+        if table is None:
+            table = self.__dict__["_table"] = self.handlers()
+        handler = table.get(ev.kind)
+        if handler is not None:
+            handler(ev)
 
     def findings(self, facts: Facts) -> list[Finding]:
         raise NotImplementedError
+
+
+def needs_of(kinds: tuple[str, ...], **narrowed: Need) -> tuple[Need, ...]:
+    """Needs for kinds, each a plain Need(kind) unless narrowed names it (by kind with "_" for ".")."""
+    return tuple(narrowed.get(kind.replace(".", "_"), Need(kind)) for kind in kinds)
+
+
+def dispatch_table(rules: list[Rule]) -> dict[str, list[Callable[[Event], None]]]:
+    """kind -> the handlers of every rule that needs it, in rule order. A rule whose handlers and needs
+    differ is refused here (ValueError), whatever the input: one kind without a handler would be lost."""
+    table: dict[str, list[Callable[[Event], None]]] = {}
+    for rule in rules:
+        handlers = rule.handlers()
+        kinds = {need.kind for need in rule.needs}
+        if kinds != set(handlers):
+            raise ValueError(f"{type(rule).__name__}: needs without a handler {sorted(kinds - set(handlers))}, "
+                             f"handlers without a need {sorted(set(handlers) - kinds)}")
+        for kind, handler in handlers.items():
+            table.setdefault(kind, []).append(handler)
+    return table
 
 
 def request_ids_of(ev: Event) -> list[str]:

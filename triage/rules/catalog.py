@@ -4,7 +4,7 @@ explains become a low-confidence `unrecognised-error` finding that quotes them."
 
 from triage import signatures
 from triage.model import Confidence, Event, Finding
-from triage.rules import Candidate, Facts, Rule
+from triage.rules import Candidate, Facts, Rule, needs_of
 
 MAX_UNRECOGNISED = 20  # distinct error lines quoted
 TITLES = {
@@ -33,7 +33,7 @@ _RANK = {"high": 0, "medium": 1, "low": 2}
 
 
 class SignatureRule(Rule):
-    kinds = ("signature", "log.error")
+    needs = needs_of(("signature", "log.error"))
 
     def __init__(self):
         self.cands: dict[tuple[str, str | None], Candidate] = {}
@@ -41,12 +41,15 @@ class SignatureRule(Rule):
         self.entries: dict[tuple[str, str | None], list[str]] = {}  # signature ids, first seen first
         self.unrecognised = Candidate("unrecognised-error")
 
-    def observe(self, ev: Event) -> None:
+    def handlers(self):
+        return {"signature": self._signature, "log.error": self._error}
+
+    def _error(self, ev: Event) -> None:
+        if len(self.unrecognised.evidence.groups) < MAX_UNRECOGNISED or self.unrecognised.num_corroborating:
+            self.unrecognised.add(ev, "log.error", False)
+
+    def _signature(self, ev: Event) -> None:
         f = ev.fields
-        if ev.kind == "log.error":
-            if len(self.unrecognised.evidence.groups) < MAX_UNRECOGNISED or self.unrecognised.num_corroborating:
-                self.unrecognised.add(ev, "log.error", False)
-            return
         key = (f["finding"], f.get("cause"))
         cand = self.cands.get(key)
         if cand is None:

@@ -1,7 +1,7 @@
 """Load beyond capacity: KV preemption, a growing waiting queue, prompts beyond the context window."""
 
 from triage.model import Confidence, Event, Finding
-from triage.rules import Candidate, Facts, Rule, request_ids_of
+from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of
 
 SLOW_QUEUE_S = 1.0  # a request that waited this long before its first schedule was queued, not served
 KV_FULL = 0.9
@@ -36,8 +36,11 @@ STEPS_CONTEXT = [
 
 
 class LoadRule(Rule):
-    kinds = ("request.preempted", "engine.stats", "engine.preemption", "metric", "request.rejected",
-             "queue.full", "request.scheduled", "http.access", "context.overflow")
+    needs = needs_of(
+        ("request.preempted", "engine.stats", "engine.preemption", "metric", "request.rejected", "queue.full",
+         "request.scheduled", "http.access", "context.overflow"),
+        request_scheduled=Need("request.scheduled", at_least=(("queue_s", SLOW_QUEUE_S),)),
+        http_access=Need("http.access", not_from=("engine-json",)))  # the engine refuses with request.rejected
 
     def __init__(self):
         self.preempt = Candidate("kv-preemption")
@@ -48,43 +51,44 @@ class LoadRule(Rule):
         self.max_waiting = 0.0
         self.num_waiting_obs = 0  # stats lines or series showing a queue of 4 or more
 
-    def observe(self, ev: Event) -> None:
-        kind, f = ev.kind, ev.fields
-        if kind == "http.access":  # the common kind first
-            if f.get("status") == 429:
-                self.queue.add(ev, "http.429", True, request_ids_of(ev))
-        elif kind == "request.preempted":
-            self.num_preemptions += 1
-            self.preempt.add(ev, kind, True, request_ids_of(ev))
-        elif kind == "engine.preemption":
-            self.num_preemptions += int(f.get("total", 1)) if f.get("total") else 1
-            self.preempt.add(ev, kind, True)
-        elif kind == "engine.stats":
-            self._stats(ev)
-        elif kind == "metric":
-            self._metric(ev)
-        elif kind == "request.rejected":
-            if f.get("reason") == "queue_full":
-                self.queue.add(ev, "request.rejected.queue_full", True, request_ids_of(ev))
-            elif f.get("reason") == "prompt_too_long":
-                self.context.add(ev, "request.rejected.prompt_too_long", True, request_ids_of(ev))
-        elif kind == "queue.full":
-            self.queue.add(ev, kind, True, request_ids_of(ev))
-        elif kind == "context.overflow" and ev.source != "engine-json":
-            self.context.add(ev, kind, True, request_ids_of(ev))
-        elif kind == "request.scheduled":
-            queue_s = f.get("queue_s")
-            if isinstance(queue_s, int | float) and queue_s >= SLOW_QUEUE_S:
-                self.num_slow_queue += 1
-                self.queue.add(ev, "request.scheduled.slow_queue", False, request_ids_of(ev))
+    def handlers(self):
+        return {"http.access": self._access, "request.preempted": self._preempted,
+                "engine.preemption": self._preemption, "engine.stats": self._stats, "metric": self._metric,
+                "request.rejected": self._rejected, "queue.full": self._queue_full,
+                "context.overflow": self._context_overflow, "request.scheduled": self._scheduled}
 
-    def observe_batch(self, batch) -> None:
-        if batch.kind != "http.access":
-            super().observe_batch(batch)
-        elif 429 in batch.status:  # the only access lines this rule reads
-            for k, status in enumerate(batch.status):
-                if status == 429:
-                    self.observe(batch.event(k))
+    def _access(self, ev: Event) -> None:
+        if ev.fields.get("status") == 429:
+            self.queue.add(ev, "http.429", True, request_ids_of(ev))
+
+    def _preempted(self, ev: Event) -> None:
+        self.num_preemptions += 1
+        self.preempt.add(ev, ev.kind, True, request_ids_of(ev))
+
+    def _preemption(self, ev: Event) -> None:
+        f = ev.fields
+        self.num_preemptions += int(f.get("total", 1)) if f.get("total") else 1
+        self.preempt.add(ev, ev.kind, True)
+
+    def _rejected(self, ev: Event) -> None:
+        f = ev.fields
+        if f.get("reason") == "queue_full":
+            self.queue.add(ev, "request.rejected.queue_full", True, request_ids_of(ev))
+        elif f.get("reason") == "prompt_too_long":
+            self.context.add(ev, "request.rejected.prompt_too_long", True, request_ids_of(ev))
+
+    def _queue_full(self, ev: Event) -> None:
+        self.queue.add(ev, ev.kind, True, request_ids_of(ev))
+
+    def _context_overflow(self, ev: Event) -> None:
+        if ev.source != "engine-json":
+            self.context.add(ev, ev.kind, True, request_ids_of(ev))
+
+    def _scheduled(self, ev: Event) -> None:
+        queue_s = ev.fields.get("queue_s")
+        if isinstance(queue_s, int | float) and queue_s >= SLOW_QUEUE_S:
+            self.num_slow_queue += 1
+            self.queue.add(ev, "request.scheduled.slow_queue", False, request_ids_of(ev))
 
     def _stats(self, ev: Event) -> None:
         f = ev.fields

@@ -4,7 +4,7 @@ import re
 from bisect import bisect_right
 
 from triage.model import Confidence, Event, Finding
-from triage.rules import Candidate, Facts, Rule, request_ids_of
+from triage.rules import Candidate, Facts, Rule, needs_of, request_ids_of
 
 WEIGHT_FRAMES = frozenset({
     "load_weights", "load_model", "_load_model", "from_pretrained", "load_state_dict", "safe_open",
@@ -69,9 +69,11 @@ NEXT_STEPS = {
 
 
 class MemoryRule(Rule):
-    kinds = ("oom.cuda", "oom.host", "oom.kv_capacity", "oom.weights", "driver.mismatch", "engine.error",
-             "engine.startup", "engine.stats", "phase.weights_loading", "phase.weights_loaded", "phase.kv_setup",
-             "phase.serving", "phase.start_failed", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished", "metric")
+    needs = needs_of(
+        ("oom.cuda", "oom.host", "oom.kv_capacity", "oom.weights", "driver.mismatch", "engine.error",
+         "engine.startup", "engine.stats", "phase.weights_loading", "phase.weights_loaded", "phase.kv_setup",
+         "phase.serving", "phase.start_failed", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished",
+         "metric"))
 
     def __init__(self):
         self.cands = {fid: Candidate(fid) for fid in (*PHASE_TO_ID.values(), "driver-mismatch")}
@@ -88,47 +90,62 @@ class MemoryRule(Rule):
         self.gpu_full: Event | None = None
         self.error_metrics: list[Event] = []  # finish_reason="error" increases: corroborate a runtime OOM
 
-    def observe(self, ev: Event) -> None:
-        kind = ev.kind
-        if kind == "request.finished":  # the common kind first: one test for most events
-            if ev.fields.get("finish_reason") == "error" and any(
-                    w in str(ev.fields.get("error", "")) for w in _OOM_WORDS):
-                self.cands["oom-runtime"].add(ev, "request.finished.error", False, request_ids_of(ev))
-        elif kind == "phase.start_failed":  # the engine did not start: an OOM just before was at start-up
-            self._resolve(ev.file, "weights")
-            self.file_phase.pop(ev.file, None)
-        elif kind.startswith("phase.") or kind in ("engine.startup", "engine.stats"):
-            # (a stats line means the engine was serving)
-            phase = _PHASE_OF_MARKER.get(kind, "runtime")
-            self._resolve(ev.file, "runtime")
-            if ev.ts is not None and self.file_phase.get(ev.file) != phase and len(self.timeline) < MAX_TIMELINE:
-                self.timeline.append((ev.ts, phase))  # where a file's phase changes (not every stats line)
-            self.file_phase[ev.file] = phase
-        elif kind == "driver.mismatch":
-            self.cands["driver-mismatch"].add(ev, "driver.mismatch", True)
-            self.cands["driver-mismatch"].cause = self.cands["driver-mismatch"].cause or ev.fields.get("cause")
-        elif kind == "oom.kv_capacity" and ev.source != "engine-json":  # engine.error covers its own
+    def handlers(self):
+        table = {"request.finished": self._finished, "phase.start_failed": self._start_failed,
+                 "driver.mismatch": self._driver_mismatch, "oom.kv_capacity": self._kv_capacity,
+                 "engine.error": self._engine_error, "gpu.driver": self._gpu_driver,
+                 "cuda.runtime": self._cuda_runtime, "gpu.memory": self._gpu_memory, "metric": self._metric}
+        for kind in ("oom.cuda", "oom.host", "oom.weights"):
+            table[kind] = self._oom_line
+        for kind in ("phase.weights_loading", "phase.weights_loaded", "phase.kv_setup", "phase.serving",
+                     "engine.startup", "engine.stats"):  # (a stats line means the engine was serving)
+            table[kind] = self._phase
+        return table
+
+    def _finished(self, ev: Event) -> None:
+        if ev.fields.get("finish_reason") == "error" and any(w in str(ev.fields.get("error", "")) for w in _OOM_WORDS):
+            self.cands["oom-runtime"].add(ev, "request.finished.error", False, request_ids_of(ev))
+
+    def _start_failed(self, ev: Event) -> None:  # the engine did not start: an OOM just before was at start-up
+        self._resolve(ev.file, "weights")
+        self.file_phase.pop(ev.file, None)
+
+    def _phase(self, ev: Event) -> None:
+        phase = _PHASE_OF_MARKER.get(ev.kind, "runtime")
+        self._resolve(ev.file, "runtime")
+        if ev.ts is not None and self.file_phase.get(ev.file) != phase and len(self.timeline) < MAX_TIMELINE:
+            self.timeline.append((ev.ts, phase))  # where a file's phase changes (not every stats line)
+        self.file_phase[ev.file] = phase
+
+    def _driver_mismatch(self, ev: Event) -> None:
+        self.cands["driver-mismatch"].add(ev, "driver.mismatch", True)
+        self.cands["driver-mismatch"].cause = self.cands["driver-mismatch"].cause or ev.fields.get("cause")
+
+    def _kv_capacity(self, ev: Event) -> None:
+        if ev.source != "engine-json":  # engine.error covers its own
             c = self.cands["oom-kv-capacity"]
-            c.add(ev, kind, True)
+            c.add(ev, ev.kind, True)
             c.cause = c.cause or ev.fields.get("cause")
-        elif kind == "engine.error":
-            self._engine_error(ev)
-        elif kind in ("oom.cuda", "oom.host", "oom.weights") and ev.source != "engine-json":
+
+    def _oom_line(self, ev: Event) -> None:
+        if ev.source != "engine-json":
             self._oom(ev)
-        elif kind == "gpu.driver":
-            self.driver_cuda = (ev, ev.fields["cuda"])
-        elif kind == "cuda.runtime":
-            self.runtime_cuda = (ev, ev.fields["version"])
-        elif kind == "gpu.memory" and ev.fields["ratio"] >= 0.95:
+
+    def _gpu_driver(self, ev: Event) -> None:
+        self.driver_cuda = (ev, ev.fields["cuda"])
+
+    def _cuda_runtime(self, ev: Event) -> None:
+        self.runtime_cuda = (ev, ev.fields["version"])
+
+    def _gpu_memory(self, ev: Event) -> None:
+        if ev.fields["ratio"] >= 0.95:
             self.gpu_full = ev
-        elif kind == "metric" and ev.fields["metric"] == "finished_total" and ev.fields["increase"] > 0:
+
+    def _metric(self, ev: Event) -> None:
+        if ev.fields["metric"] == "finished_total" and ev.fields["increase"] > 0:
             labels = ev.fields["labels"]
             if (labels.get("finish_reason") or labels.get("finished_reason")) == "error":
                 self.error_metrics.append(ev)
-
-    def observe_batch(self, batch) -> None:
-        if batch.kind != "request.finished":  # a request.finished batch holds no error finish: nothing to see
-            super().observe_batch(batch)
 
     def _engine_error(self, ev: Event) -> None:
         f = ev.fields

@@ -4,8 +4,7 @@ from collections import Counter
 from itertools import repeat
 
 from triage.model import Event, Finding
-from triage.parsers.gateways import CUT_STATUSES
-from triage.rules import Candidate, Facts, Rule, request_ids_of
+from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of
 from triage.rules import stream_text as T
 
 SHUTDOWN_TAIL_S = 3.0  # disconnects this close to the end of a long log are the load stopping
@@ -21,11 +20,13 @@ def median(values: list[float]) -> float | None:
 
 
 class StreamRule(Rule):
-    kinds = ("engine.error", "engine.shutdown", "engine.fatal", "metric", "gateway.connect_refused",
-             "gateway.upstream_closed", "gateway.upstream_timeout", "gateway.client_closed", "http.access",
-             "http.error_page", "client.connect_refused", "client.stream_cut", "client.timeout",
-             "client.cancel", "request.aborted", "request.finished", "request.first_token", "client.request",
-             "config.proxy_buffering", "engine.stopping")
+    needs = needs_of(
+        ("engine.error", "engine.shutdown", "engine.fatal", "metric", "gateway.connect_refused",
+         "gateway.upstream_closed", "gateway.upstream_timeout", "gateway.client_closed", "http.access",
+         "http.error_page", "client.connect_refused", "client.stream_cut", "client.timeout", "client.cancel",
+         "request.aborted", "request.finished", "client.request", "config.proxy_buffering",
+         "engine.stopping"),
+        http_access=Need("http.access", not_from=("engine-json",)))  # the engine's own: the gateway's count
 
     def __init__(self):
         self.crash = Candidate("engine-crash")
@@ -50,13 +51,21 @@ class StreamRule(Rule):
         self.abort_metrics: list[Event] = []
         self.stopping_files: set[str] = set()  # files whose engine was asked to stop (a signal, a shutdown)
         self.shutdown_errors: list[Event] = []  # engine deaths logged after that: the stop itself
-        self.handlers = {kind: getattr(self, "_" + kind.replace(".", "_")) for kind in self.kinds
-                         if hasattr(self, "_" + kind.replace(".", "_"))}
 
-    def observe(self, ev: Event) -> None:
-        handler = self.handlers.get(ev.kind)
-        if handler is not None:
-            handler(ev)
+    def handlers(self):
+        return {
+            "engine.error": self._engine_error, "engine.shutdown": self._engine_shutdown,
+            "engine.fatal": self._engine_fatal, "metric": self._metric,
+            "gateway.connect_refused": self._gateway_connect_refused,
+            "gateway.upstream_closed": self._gateway_upstream_closed,
+            "gateway.upstream_timeout": self._gateway_upstream_timeout,
+            "gateway.client_closed": self._gateway_client_closed, "http.access": self._http_access,
+            "http.error_page": self._http_error_page, "client.connect_refused": self._client_connect_refused,
+            "client.stream_cut": self._client_stream_cut, "client.timeout": self._client_timeout,
+            "client.cancel": self._client_cancel, "request.aborted": self._request_aborted,
+            "request.finished": self._request_finished, "client.request": self._client_request,
+            "config.proxy_buffering": self._config_proxy_buffering, "engine.stopping": self._engine_stopping,
+        }
 
     # --- engine death ---
     def _engine_stopping(self, ev: Event) -> None:
@@ -120,23 +129,6 @@ class StreamRule(Rule):
             self.timeout.add(ev, "http.504_page", True)
         else:
             self.crash.add(ev, f"http.{status}_page", False)
-
-    def observe_batch(self, batch) -> None:
-        if batch.kind == "request.finished":  # every ttft_s a number, no finish_reason "error"
-            room = MAX_SAMPLES - len(self.server_ttft)
-            if room > 0:
-                ttft = batch.ttft[:room]
-                self.server_ttft.extend(ttft)
-                for k in range(min(len(ttft), 2 - len(self.server_samples))):
-                    self.server_samples.append(batch.event(k))
-        elif batch.kind == "http.access":  # gateway lines
-            if not CUT_STATUSES.isdisjoint(batch.status):
-                for k, status in enumerate(batch.status):
-                    if status in CUT_STATUSES:  # the lines whose cut is set
-                        self._cut(batch.event(k))
-            self._durations([d for d in batch.duration if d >= 1.0])
-        else:
-            super().observe_batch(batch)
 
     def _http_access(self, ev: Event) -> None:
         f = ev.fields

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -124,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     except GamedayError as exc:
         print(f"gameday: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `python -m gameday list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as exc:
         print(f"gameday: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return 2

@@ -1,5 +1,9 @@
 """The gameday command in-process: list, usage errors, one-line messages and exit codes."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from gameday.cli import main
@@ -35,3 +39,13 @@ def test_unwritable_report_dir_is_one_line(capsys, tmp_path):
     assert captured.err.startswith(f"gameday: error: Not a directory: {blocker / 'reports'}/")
     assert len(captured.err.splitlines()) == 1
     assert captured.out == ""
+
+
+def test_list_into_a_closed_pipe_says_nothing():
+    """`python -m gameday list | head -1`: the reader leaves early; no 'error: Broken pipe' line."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    proc = subprocess.run([sys.executable, "-m", "gameday", "list"], stdout=write_end, stderr=subprocess.PIPE,
+                          text=True, timeout=60)
+    os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (1, "")

@@ -102,9 +102,9 @@ def _entry(raw, index: int, origin: str, kinds: dict, finding_ids: Iterable[str]
         fields.setdefault("cause", raw["cause"])
     if kind == "signature" or raw.get("confidence"):
         fields.setdefault("confidence", confidence)
+    fields.setdefault("signature", raw["id"])  # the finding explains itself with the entry's meaning
     if kind == "signature":
         fields.setdefault("finding", finding)
-        fields.setdefault("signature", raw["id"])
     return Signature(
         kind=kind, keyword=raw["keyword"], pattern=pattern, fields=tuple(fields.items()), id=raw["id"],
         source=raw["source"], finding=finding, cause=raw.get("cause"), confidence=confidence,

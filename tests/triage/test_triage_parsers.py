@@ -95,8 +95,9 @@ def test_oom_every_era():
            "30.29 GiB already allocated; 3.75 MiB free; 30.40 GiB reserved in total by PyTorch)")
     typo = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 462.00 MiB. GPU 0 has a total "
             "capacty of 79.18 GiB of which 302.31 MiB is free.")
-    assert scan(old)[0][1] == {"tried": "20.00 MiB", "gpu": "4", "total": "31.75 GiB"}
-    assert scan(typo)[0][1] == {"tried": "462.00 MiB", "gpu": "0", "total": "79.18 GiB", "free": "302.31 MiB"}
+    assert scan(old)[0][1] == {"signature": "torch-cuda-oom", "tried": "20.00 MiB", "gpu": "4", "total": "31.75 GiB"}
+    assert scan(typo)[0][1] == {"signature": "torch-cuda-oom", "tried": "462.00 MiB", "gpu": "0", "total": "79.18 GiB",
+                                "free": "302.31 MiB"}
     assert scan("RuntimeError: CUDA error: out of memory")[0][0] == "oom.cuda"
 
 

@@ -27,10 +27,14 @@ class Candidate:
         self.num_decisive = 0
         self.num_corroborating = 0
         self.counter: list[str] = []
+        self.signature_ids: list[str] = []  # catalog entries whose lines are evidence, first seen first
 
     def add(self, ev: Event, signal: str, decisive: bool, request_ids=()) -> None:
         if decisive and ev.fields.get("confidence") in ("medium", "low"):
             decisive = False  # a catalog entry that is only a strong hint alone corroborates, never decides
+        sid = ev.fields.get("signature")
+        if sid is not None and len(self.signature_ids) < 3 and sid not in self.signature_ids:
+            self.signature_ids.append(sid)
         self.evidence.add(ev, signal, decisive)
         if decisive:
             self.num_decisive += 1
@@ -66,6 +70,7 @@ class Candidate:
                 confidence: Confidence | None = None, weight: float = 0.0) -> Finding:
         if confidence is None:
             confidence = Confidence.HIGH if self.num_decisive else Confidence.MEDIUM
+        explanation += known_messages(self.signature_ids, explanation)
         return Finding(
             id=self.id, title=title, severity=SEVERITY[self.id], confidence=confidence,
             explanation=explanation, evidence=self.evidence, counter_evidence=list(self.counter),
@@ -175,6 +180,18 @@ def dispatch_table(rules: list[Rule]) -> dict[str, list[Callable[[Event], None]]
         for kind, handler in handlers.items():
             table.setdefault(kind, []).append(handler)
     return table
+
+
+def known_messages(ids: list[str], explanation: str) -> str:
+    """' Known message: <meaning>' for the catalog entries behind a finding (those not in its text yet)."""
+    from triage import signatures  # (the catalog imports the model, as this module does)
+
+    by_id = {s.id: s for s in signatures.SIGNATURES if s.id in ids}
+    meanings = [by_id[i].meaning for i in ids if i in by_id and by_id[i].meaning not in explanation]
+    meanings = list(dict.fromkeys(meanings))
+    if not meanings:
+        return ""
+    return (" Known message: " if len(meanings) == 1 else " Known messages: ") + " ".join(meanings)
 
 
 def request_ids_of(ev: Event) -> list[str]:

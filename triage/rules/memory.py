@@ -78,6 +78,7 @@ class MemoryRule(Rule):
     def __init__(self):
         self.cands = {fid: Candidate(fid) for fid in (*PHASE_TO_ID.values(), "driver-mismatch")}
         self.file_phase: dict[str, str] = {}
+        self.start_failed: dict[str, str | None] = {}  # file -> its phase when the engine failed to start
         # bare CUDA OOMs with no phase marker before them in their file, until the next marker tells more
         self.unphased: dict[str, list[Event]] = {}
         # host OOM kills from a file with no marker (a kernel log): placed on every file's markers at the end
@@ -108,11 +109,14 @@ class MemoryRule(Rule):
 
     def _start_failed(self, ev: Event) -> None:  # the engine did not start: an OOM just before was at start-up
         self._resolve(ev.file, "weights")
-        self.file_phase.pop(ev.file, None)
+        # an OOM after it (vLLM V1 prints "EngineCore failed to start." above its traceback) is at
+        # start-up too: in the phase the file was in, else guessed at weight loading
+        self.start_failed[ev.file] = self.file_phase.pop(ev.file, None)
 
     def _phase(self, ev: Event) -> None:
         phase = _PHASE_OF_MARKER.get(ev.kind, "runtime")
         self._resolve(ev.file, "runtime")
+        self.start_failed.pop(ev.file, None)
         if ev.ts is not None and self.file_phase.get(ev.file) != phase and len(self.timeline) < MAX_TIMELINE:
             self.timeline.append((ev.ts, phase))  # where a file's phase changes (not every stats line)
         self.file_phase[ev.file] = phase
@@ -180,6 +184,13 @@ class MemoryRule(Rule):
         phase = self._phase_from_frames(ev.fields.get("frames", []))
         if phase is None:  # a message that names its phase (the catalog's fixed field), then the file's markers
             phase = ev.fields.get("phase") or self.file_phase.get(ev.file)
+        if phase is None and ev.file in self.start_failed:
+            known = self.start_failed[ev.file]
+            if known in ("weights", "kv"):
+                self._add_known(ev, known)
+            else:
+                self._add_guessed(ev, "weights")
+            return
         if phase is None:
             # No marker: a host OOM kill most often hits while weights load; a bare CUDA OOM is run time,
             # unless a marker after it says the engine never started.

@@ -213,3 +213,22 @@ def test_loadgen_requests_csv_real_header():
     assert (ev.kind, f["request_id"], f["outcome"]) == ("client.request", "chatcmpl-c457", "ok")
     assert (f["ttft_s"], f["e2e_s"]) == (5.056657732000076, 7.458182099999931)
     assert f["itl_s"] == [0.4438762009999664, 0.07444315299994742, 0.07338203099993734]
+
+
+ENVOY_JSON = ('{"start_time":"2026-03-04T10:12:45.012Z","method":"POST","path":"/v1/chat/completions",'
+              '"protocol":"HTTP/1.1","response_code":504,"response_flags":"UT","bytes_received":412,"bytes_sent":24,'
+              '"duration":15001,"upstream_service_time":null,"x_forwarded_for":"10.1.0.4",'
+              '"user_agent":"OpenAI/Python 1.51.0","request_id":"5e1c6a57-9a0d-4b56-9c6a-8e0c3c5b2a11",'
+              '"authority":"llm.internal","upstream_host":"10.1.3.7:8000"}')
+
+
+def test_envoy_json_access_log():
+    """Envoy's json_format under the names its docs and Istio use: the same access event as its text form."""
+    [ev] = FileParser("envoy.log").parse(1, ENVOY_JSON)
+    f = ev.fields
+    assert (ev.kind, ev.source, f["status"], f["cut"], f["duration_s"], f["upstream_addr"], f["request_id"]) == (
+        "http.access", "envoy", 504, "timeout", 15.001, "10.1.3.7:8000", "5e1c6a57-9a0d-4b56-9c6a-8e0c3c5b2a11")
+    assert ev.ts.isoformat() == "2026-03-04T10:12:45.012000"
+    dc = ENVOY_JSON.replace('"response_code":504', '"response_code":"0"').replace('"UT"', '"DC"')
+    assert FileParser("envoy.log").parse(2, dc)[0].fields["cut"] == "client"
+    assert FileParser("envoy.log").parse(3, ENVOY_JSON.replace('"response_code":504', '"response_code":"x"')) == []

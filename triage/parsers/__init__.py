@@ -75,6 +75,10 @@ class Wanted:
             if self.takes(entry.kind, None):
                 literals.add(entry.keyword)
         self.literals, self.regexes = sorted(literals), sorted(regexes)
+        # the catalog's keywords alone: a line with none of them holds no signature (scan() is not called)
+        catalog_words = sorted({e.keyword for e in (signatures.SIGNATURES if catalog is None else catalog)},
+                               key=len, reverse=True)
+        self.signature_scanner = re2.compile("|".join(map(re.escape, catalog_words)) or "$^")
         pattern = "|".join([*(re.escape(w) for w in sorted(literals, key=len, reverse=True)), *regexes])
         options = re2.Options()
         options.max_mem = 64 << 20  # the DFA of a few hundred keywords
@@ -178,6 +182,8 @@ class FileParser:
         ev = engine_json.parse_json_object(obj, line, self.file, lineno) if obj.get("logger") != "loadgen" else None
         if ev is None:
             ev = client.parse_loadgen_json(obj, line, self.file, lineno)
+        if ev is None and "response_code" in obj:
+            ev = gateways.parse_envoy_json(obj, self.file, lineno, line)
         if ev is not None:
             extra = self._signature_events(ev.ts, _message_of(obj), ev.source, lineno, line) if ev.kind in (
                 "engine.error", "request.rejected") else []
@@ -255,7 +261,8 @@ class FileParser:
             if len(self.frames) < MAX_FRAMES:
                 self.frames.append(m.group("func"))
             return []
-        events = [Event(ts, source, kind, fields, self.file, lineno, line) for kind, fields in scan(msg, line)]
+        events = [Event(ts, source, kind, fields, self.file, lineno, line) for kind, fields in scan(msg, line)
+                  ] if self.wanted.signature_scanner.search(line) else []
         if "cu" in msg and (m := _CUDA_RUNTIME.search(msg)):
             events.append(Event(ts, source, "cuda.runtime", {"version": _cuda_version(m)}, self.file, lineno, line))
         if self.frames and (events or _EXC_LINE.match(stripped)):

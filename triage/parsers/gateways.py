@@ -40,7 +40,7 @@ _CUT_OF_STATUS = {499: "client", 460: "client", 504: "timeout", 502: "upstream_f
 # triage.parsers.MAKES: where each access format's lines are found
 MAKES = (
     ("http.access", "nginx-access", ('] "',), ()),
-    ("http.access", "envoy", ('] "',), ()),
+    ("http.access", "envoy", ('] "', '"response_code"'), ()),  # text and JSON access logs
     ("http.access", "haproxy", ("haproxy[",), ()),
     ("http.access", "alb", (), (r"^(?:https?|h2|grpcs?|wss?) ",)),
     ("http.access", "uvicorn", ("INFO:",), ()),
@@ -172,14 +172,45 @@ def parse_envoy(line: str, file: str, lineno: int) -> Event | None:
         return None
     flags = set(m.group("flags").split(","))
     status = int(m.group("status"))
-    cut = ("timeout" if flags & _ENVOY_TIMEOUT else "client" if flags & _ENVOY_CLIENT or status == 0
-           else "upstream_failed" if flags & _ENVOY_UPSTREAM else None)
+    cut = _envoy_cut(flags, status)
     duration = _f(m.group("duration"))
     fields = {"request": m.group("request"), "status": status, "bytes": int(m.group("tx")),
               "duration_s": duration / 1000 if duration is not None else None,
               "upstream_s": None, "upstream_addr": m.group("upstream") or None, "flags": m.group("flags"),
               "request_id": m.group("rid") if m.group("rid") != "-" else None, "cut": cut}
     return _access(fields, "envoy", parse_iso(m.group("ts")), file, lineno, line)
+
+
+def _envoy_cut(flags: set, status: int) -> str | None:
+    return ("timeout" if flags & _ENVOY_TIMEOUT else "client" if flags & _ENVOY_CLIENT or status == 0
+            else "upstream_failed" if flags & _ENVOY_UPSTREAM else None)
+
+
+def parse_envoy_json(obj: dict, file: str, lineno: int, line: str) -> Event | None:
+    """An Envoy (or Istio) JSON access-log line: a json_format of the command operators under the names
+    Envoy's docs and Istio use (response_code, response_flags, duration in ms, upstream_host, start_time,
+    request_id, downstream_remote_address / x_forwarded_for, method and path); None for other JSON."""
+    code = obj.get("response_code")
+    if code is None or "response_flags" not in obj:
+        return None
+    try:
+        status = int(code)
+    except (TypeError, ValueError):
+        return None
+    flags_text = str(obj.get("response_flags") or "-")
+    flags = set(flags_text.split(","))
+    duration = _f(str(obj["duration"])) if obj.get("duration") not in (None, "", "-") else None
+    upstream = obj.get("upstream_host")
+    client = obj.get("downstream_remote_address") or obj.get("x_forwarded_for")
+    method, path = obj.get("method") or "", obj.get("path") or ""
+    fields = {"client": str(client).rsplit(":", 1)[0] if client else None,
+              "request": f"{method} {path} {obj.get('protocol') or ''}".strip(), "status": status,
+              "bytes": obj.get("bytes_sent"), "duration_s": duration / 1000 if duration is not None else None,
+              "upstream_s": None, "upstream_addr": upstream if upstream not in (None, "", "-") else None,
+              "flags": flags_text, "request_id": obj.get("request_id") if obj.get("request_id") not in (None, "-")
+              else None, "cut": _envoy_cut(flags, status)}
+    ts = obj.get("start_time")
+    return _access(fields, "envoy", parse_iso(ts) if isinstance(ts, str) else None, file, lineno, line)
 
 
 def parse_alb(line: str, file: str, lineno: int) -> Event | None:

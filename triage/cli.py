@@ -19,7 +19,7 @@ from triage import signatures
 from triage.diagnose import DiagnoseOptions, diagnose
 from triage.plan import PlanError, PlanRequest, make_plan, parse_size, render_plan
 from triage.reader import InputError
-from triage.report import DEFAULT_RUNBOOK_BASE, render_json, render_text, summary_lines
+from triage.report import DEFAULT_RUNBOOK_BASE, read_summary, render_json, render_text, summary_lines
 from triage.timeparse import parse_user_time
 
 
@@ -81,10 +81,11 @@ def run_diagnose(args: argparse.Namespace) -> int:
     if not result.readable:
         print("llmtriage: nothing readable in the given paths", file=sys.stderr)
         return 2
+    num_files, num_lines = result.notes.num_files_read, result.notes.num_lines_read
     if args.format == "json":
-        print(render_json(result.findings, args.runbook_base))
+        print(render_json(result.findings, args.runbook_base,
+                          read_summary(result.files, result.facts, num_files, num_lines)))
     else:
-        num_files, num_lines = result.notes.num_files_read, result.notes.num_lines_read
         print(render_text(result.findings, args.runbook_base, num_files, num_lines,
                           summary_lines(result.files, result.facts, num_files, num_lines)), end="")
     return 1 if result.findings else 0

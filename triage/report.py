@@ -8,13 +8,23 @@ from triage.model import Finding, iso
 DEFAULT_RUNBOOK_BASE = "https://github.com/llmsre/llmsre/blob/main/runbooks/"
 
 
-def to_document(findings: list[Finding], runbook_base: str = DEFAULT_RUNBOOK_BASE) -> dict:
-    return {"status": "problems" if findings else "ok",
-            "findings": [f.to_json(runbook_base) for f in findings]}
+def to_document(findings: list[Finding], runbook_base: str = DEFAULT_RUNBOOK_BASE, read: dict | None = None) -> dict:
+    doc = {"status": "problems" if findings else "ok", "findings": [f.to_json(runbook_base) for f in findings]}
+    if read is not None:
+        doc["read"] = read
+    return doc
 
 
-def render_json(findings: list[Finding], runbook_base: str = DEFAULT_RUNBOOK_BASE) -> str:
-    return json.dumps(to_document(findings, runbook_base), indent=2)
+def render_json(findings: list[Finding], runbook_base: str = DEFAULT_RUNBOOK_BASE, read: dict | None = None) -> str:
+    return json.dumps(to_document(findings, runbook_base, read), indent=2)
+
+
+def read_summary(files: list[str], facts, num_files: int, num_lines: int) -> dict:
+    """What was read, for the JSON document: the same facts as the text report's summary."""
+    return {"files": num_files, "lines": num_lines, "paths": files[:MAX_FILES_LISTED],
+            "formats": {s: n for s, n in sorted(facts.sources.items(), key=lambda item: -item[1])},
+            "start": iso(facts.first_ts), "end": iso(facts.last_ts), "requests": facts.num_requests,
+            "error_lines": facts.num_error_lines, "http_5xx": facts.num_http_errors}
 
 
 def _wrap(text: str, indent: str) -> str:
@@ -39,6 +49,8 @@ FORMAT_NAMES = {
     "ollama": "Ollama log", "triton": "Triton/glog log", "syslog": "syslog/journald", "kernel": "kernel log (dmesg)",
     "nginx-access": "nginx access log", "nginx-error": "nginx error log", "envoy": "Envoy access log",
     "alb": "AWS ALB log", "haproxy": "HAProxy log", "uvicorn": "uvicorn access log", "text": "plain text",
+    "client": "client log", "loadgen": "loadgen client log", "nvidia-smi": "nvidia-smi output",
+    "prometheus": "Prometheus samples",
 }
 MAX_FILES_LISTED = 8
 

@@ -12,7 +12,7 @@ EVIDENCE_KEYS = {"file", "line", "ts", "text", "decisive", "signal", "count"}
 
 def test_json_document_shape(diagnose_json):
     code, doc, _ = diagnose_json(CORPUS / "runtime-oom-engine")
-    assert code == 1 and doc["status"] == "problems" and set(doc) == {"status", "findings"}
+    assert code == 1 and doc["status"] == "problems" and set(doc) == {"status", "findings", "read"}
     first = doc["findings"][0]
     assert set(first) == FINDING_KEYS
     assert first["id"] == "oom-runtime" and first["confidence"] == "high" and first["severity"] == "critical"
@@ -30,7 +30,12 @@ def test_json_document_shape(diagnose_json):
 
 def test_healthy_exit_0_and_status_ok(diagnose_json, run_cli):
     code, doc, _ = diagnose_json(CORPUS / "healthy-engine-nginx")
+    read = doc.pop("read")
     assert (code, doc) == (0, {"status": "ok", "findings": []})
+    # what was read, as the text report's summary says it
+    assert (read["files"], read["formats"]["engine-json"] > 0, read["error_lines"], read["http_5xx"]) == (
+        sum(1 for p in (CORPUS / "healthy-engine-nginx").rglob("*") if p.is_file()), True, 0, 0)
+    assert read["requests"] > 0 and read["start"] < read["end"]
     code, out, _ = run_cli("diagnose", CORPUS / "vllm-healthy" / "vllm.log")
     assert code == 0 and out.startswith("No problems found (1 files, 11 lines read).")
 

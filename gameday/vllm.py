@@ -23,7 +23,7 @@ from gameday.procs import Proc, ProcSpec, Supervisor, free_port, wait_http_ok
 
 # A busy 2-core machine: 30-50 s when quiet with --enforce-eager, several times that when loaded.
 VLLM_READY_TIMEOUT_S = 600.0
-ENGINE_CORE_NAME = "EngineCore"
+ENGINE_CORE_NAME = "VLLM::EngineCore"  # its process title; /proc's comm keeps 15 characters of it
 
 
 def start_vllm(sup: Supervisor, name: str, port: int, flags: list[str], log_path: Path) -> Proc:
@@ -58,7 +58,7 @@ def _session_processes(sid: int) -> list[tuple[int, str]]:
 def engine_core_pid(proc: Proc) -> int:
     """The pid of the `VLLM::EngineCore` process of the vLLM started as proc."""
     for pid, name in _session_processes(proc.pid):
-        if ENGINE_CORE_NAME in name and pid != proc.pid:
+        if pid != proc.pid and name.startswith(ENGINE_CORE_NAME[:15]):
             return pid
     names = sorted(n for _, n in _session_processes(proc.pid))
     raise GamedayError(f"{proc.name}: no {ENGINE_CORE_NAME} process in its session (found: {names})")

@@ -74,7 +74,7 @@ def test_session_lookup_finds_the_children_of_one_session(tmp_path):
             time.sleep(0.05)
         names = sorted(name for _, name in _session_processes(proc.pid))
         assert names == ["bash", "sleep"]
-        with pytest.raises(GamedayError, match=r"group: no EngineCore process in its session \(found: \['bash', 'sleep'\]\)"):
+        with pytest.raises(GamedayError, match=r"group: no VLLM::EngineCore process in its session \(found: \['bash', 'sleep'\]\)"):
             engine_core_pid(proc)
 
 
@@ -84,3 +84,20 @@ def test_tiny_model_script_refuses_missing_text(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr == f"tiny_model: no such text file: {tmp_path / 'none.md'}\n"
+
+
+def test_engine_core_is_found_by_its_truncated_process_title(tmp_path):
+    """vLLM titles its engine process VLLM::EngineCore; /proc's comm keeps 'VLLM::EngineCor'."""
+    ready = str(tmp_path / "ready")
+    child = ("import time; open('/proc/self/comm', 'w').write('VLLM::EngineCore'); "
+             f"open({ready!r}, 'w').write('ok'); time.sleep(30)")
+    with Supervisor() as sup:
+        proc = sup.start(ProcSpec(name="vllm", argv=["bash", "-c", f'{sys.executable} -c "{child}" & wait'],
+                                  log_path=tmp_path / "log"))
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        names = dict(_session_processes(proc.pid))
+        pid = engine_core_pid(proc)
+        assert names[pid] == "VLLM::EngineCor"
+        assert pid != proc.pid

@@ -117,7 +117,7 @@ def generate_vllm_nginx(folder: Path, target_bytes: int) -> int:
         chunk = (f"{_vllm_head(t)} [logger.py:43] Received request {rid}: prompt: '{prompt}', params: "
                  f"SamplingParams(n=1, presence_penalty=0.0, frequency_penalty=0.0, temperature=0.7, top_p=1.0, "
                  f"max_tokens=256), prompt_token_ids: None, lora_request: None.\n"
-                 f'{_vllm_head(t)}:     127.0.0.1:{40000 + i % 20000} - "POST /v1/chat/completions HTTP/1.1" 200 OK\n')
+                 f'(APIServer pid=1) INFO:     127.0.0.1:{40000 + i % 20000} - "POST /v1/chat/completions HTTP/1.1" 200 OK\n')
         if i % 200 == 0:  # every 10 s at 20 requests a second
             chunk += (f"{_vllm_head(t)} [loggers.py:123] Engine 000: Avg prompt throughput: "
                       f"{rng.uniform(800, 1200):.1f} tokens/s, Avg generation throughput: {rng.uniform(300, 500):.1f} "

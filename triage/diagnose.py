@@ -107,7 +107,7 @@ def rank(findings: list[Finding]) -> list[Finding]:
 
 def _read_file(path, notes: Notes, dispatcher: Dispatcher) -> None:
     parser = FileParser(str(path), dispatcher.wanted)
-    parse, feed, candidates = parser.parse, dispatcher.feed, parser.candidates
+    parse, feed, candidates, takes = parser.parse, dispatcher.feed, parser.candidates, dispatcher.wanted.takes
     for first, block in read_blocks(path, notes):
         for lineno, line in candidates(first, block):
             try:
@@ -116,7 +116,8 @@ def _read_file(path, notes: Notes, dispatcher: Dispatcher) -> None:
                 notes.add(f"{path}:{lineno}: line skipped ({type(exc).__name__})")
                 continue
             for ev in events:
-                feed(ev)
+                if takes(ev.kind, ev.source):  # what no rule reads is not counted either
+                    feed(ev)
 
 
 def diagnose(opts: DiagnoseOptions) -> Diagnosis:

@@ -130,3 +130,17 @@ def test_upstreaminfo_line_with_an_unreadable_upstream_time(urt):
     events = FileParser("a.log").parse(10, line)
     assert [(e.kind, e.fields["status"], e.fields["duration_s"], e.fields.get("upstream_s")) for e in events] == [
         ("http.access", 200, 0.912, None)]
+
+
+def test_a_block_of_keyword_lines_makes_the_next_ones_whole():
+    """After a block where nearly every line had a keyword (an access log), the next blocks are taken
+    whole without a scan, then scanned again."""
+    from triage.parsers import DENSE_BLOCKS
+
+    parser = FileParser("access.log", _wanted())
+    access = "\n".join([ACCESS] * 100) + "\n"
+    assert len(parser.candidates(10, access)) == 100 and parser.dense == DENSE_BLOCKS
+    plain = "x\n" * 100
+    assert len(parser.candidates(110, plain)) == 100  # taken whole
+    parser.dense = 0
+    assert parser.candidates(210, plain) == [] and parser.dense == 0  # scanned again: nothing

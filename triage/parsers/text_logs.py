@@ -2,6 +2,8 @@
 
 import re
 
+import re2
+
 from triage.timeparse import parse_glog, parse_iso, parse_md_hms, parse_slash, parse_syslog
 
 _VLLM = re.compile(
@@ -79,7 +81,10 @@ _PHASES = (
     ("phase.weights_loading", ("Starting to load model", "Loading safetensors checkpoint", "Loading weights",
                                "llm_load_tensors", "load_tensors:", "Loading model weights", "failed to load '")),
 )
-_RECEIVED = re.compile(r"Received request (?P<id>[^\s:]+):? prompt: (?P<q>['\"])(?P<prompt>.*?)(?P=q), params")
+# "Received request <id>: prompt: '<prompt>', params": the prompt runs to the first closing quote before
+# ", params" (found by str.find, not by a lazy regex that tries every character of a long prompt)
+_RECEIVED_HEAD = re.compile(r"Received request (?P<id>[^\s:]+):? prompt: (?P<q>['\"])")
+_ANY_PHASE = re2.compile("|".join(re.escape(k) for _, keys in _PHASES for k in keys))
 # triage.parsers.MAKES: the kinds engine_text_events makes, by the words it checks first
 MAKES = (
     ("engine.stats", None, ("Avg prompt throughput", "#running-req"), ()),
@@ -109,13 +114,24 @@ def engine_text_events(msg: str) -> list[tuple[str, dict]]:
         if "new_tokens" in fields and "prefix_hit_tokens" in fields:
             fields["prefix_queried_tokens"] = fields["new_tokens"] + fields["prefix_hit_tokens"]
         out.append(("engine.stats", fields))
-    elif "Received request" in msg and (m := _RECEIVED.search(msg)):
-        out.append(("request.received", {"request_id": m.group("id"), "prompt": m.group("prompt")}))
+    elif "Received request" in msg and (received := _received(msg)):
+        out.append(("request.received", received))
     elif "borted" in msg and (m := _ABORTED.search(msg)):
         ids = m.group("ids") or m.group("id") or ""
         out.append(("request.aborted", {"request_ids": [i for i in ids.split(",") if i], "reason": None}))
-    for kind, keys in _PHASES:
-        if any(k in msg for k in keys):
-            out.append((kind, {}))
-            break
+    if _ANY_PHASE.search(msg):  # one search for every marker word; the first kind that has one wins
+        for kind, keys in _PHASES:
+            if any(k in msg for k in keys):
+                out.append((kind, {}))
+                break
     return out
+
+
+def _received(msg: str) -> dict | None:
+    m = _RECEIVED_HEAD.search(msg)
+    while m is not None:
+        end = msg.find(m.group("q") + ", params", m.end())
+        if end >= 0:
+            return {"request_id": m.group("id"), "prompt": msg[m.end():end]}
+        m = _RECEIVED_HEAD.search(msg, m.start() + 1)
+    return None

@@ -74,7 +74,15 @@ def read_label(case: Path) -> tuple[str, str | None]:
 
 
 def find_cases(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_dir() and any((p / f).is_file() for f in LABEL_FILES))
+    """Case folders under folder, at any depth (a folder per label of case folders is fine); a case's own
+    subfolders (nginx/, logs/) belong to it."""
+    out: list[Path] = []
+    for p in sorted(q for q in folder.iterdir() if q.is_dir()):
+        if any((p / f).is_file() for f in LABEL_FILES):
+            out.append(p)
+        else:
+            out.extend(find_cases(p))
+    return out
 
 
 def run_case(case: Path) -> dict:

@@ -51,6 +51,10 @@ class StreamRule(Rule):
         self.abort_metrics: list[Event] = []
         self.stopping_files: set[str] = set()  # files whose engine was asked to stop (a signal, a shutdown)
         self.shutdown_errors: list[Event] = []  # engine deaths logged after that: the stop itself
+        # nginx configs that proxy with no proxy_buffering directive (on, nginx's default), by file, and the
+        # files (or headers) that set buffering either way: a default counts only beside a broken stream
+        self.default_buffering: dict[str, Event] = {}
+        self.buffering_set: set[str] = set()
 
     def handlers(self):
         return {
@@ -225,12 +229,28 @@ class StreamRule(Rule):
 
     def _config_proxy_buffering(self, ev: Event) -> None:
         value = ev.fields.get("value", "").lower()
+        if value == "default":  # a proxy_pass line: buffering is on unless the file says otherwise
+            self.default_buffering.setdefault(ev.file, ev)
+            return
+        self.buffering_set.add(ev.file if ev.fields.get("signature") != "x-accel-buffering" else "*")
         if value in ("on", "yes"):
             self.buffering.add(ev, "config.proxy_buffering_on", False)
         else:
             self.buffering.counter.append(f"{ev.file}:{ev.line}: {ev.text.strip()}")
 
+    def _default_buffering(self) -> None:
+        """A config that proxies with buffering left at nginx's default (on), next to a stream a client saw
+        cut mid-body (incomplete chunked encoding, curl 18) and no gateway timeout or crash to explain it."""
+        if "*" in self.buffering_set or not self.stream_cuts or self.crash or self.timeout:
+            return
+        defaults = [ev for file, ev in self.default_buffering.items() if file not in self.buffering_set]
+        for ev in defaults:
+            self.buffering.add(ev, "config.proxy_buffering_default_on", False)
+        for ev in self.stream_cuts[:3] if defaults else ():
+            self.buffering.add(ev, "client.stream_cut_mid_body", False)
+
     def findings(self, facts: Facts) -> list[Finding]:
+        self._default_buffering()  # before the timeout finding takes the cut streams as its own evidence
         out: list[Finding] = []
         if self.crash:
             if self.shutdown_errors:

@@ -6,12 +6,16 @@ evaluations (`prometheus_rule_group_iterations_missed_total`). Then an alert tha
 silent says more about the machine than about the rules. This module measures that from
 Prometheus itself (raw `up` and `scrape_duration_seconds` samples, Prometheus's own /metrics) and
 sorts a run's failures into those the load explains and those it does not: a run whose every
-failure is explained is "too busy to judge", not "the alert logic is wrong".
+failure is explained is "too busy to judge", not "the alert logic is wrong". It also samples the
+machine's runnable tasks (/proc/stat `procs_running`) through the run: with more of them than the
+cores can run, the engine itself is slow, and latency alerts (TTFT, queue) tell of the machine.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +27,9 @@ from gameday.prom import PromClient
 PASS, FAIL, TOO_BUSY = "pass", "fail", "too-busy"
 TIMEOUT_SHARE = 0.9  # a failed scrape that lasted 90% of the timeout or more ran into it
 LATE_FACTOR = 2.0  # a scrape more than two intervals after the previous one came late
+# More runnable tasks per usable core than this, on average over the run: every process (the
+# engine, Locust, Prometheus) got at most two thirds of a core, so latency alerts read the machine.
+OVERSUBSCRIBED = 1.5
 
 # The failure messages of gameday.verdict that machine load can explain.
 _UNEXPECTED = re.compile(r"^unexpected alert fired: (?P<name>\S+) on (?P<instance>\S+) at ")
@@ -51,14 +58,30 @@ class MachineLoad:
     rule_iterations: int = 0
     missed_iterations: int = 0  # rule group evaluations skipped because the previous one overran
     rule_failures: int = 0  # evaluations that failed: a fault of the rules, never of the machine
+    runnable_per_core: float | None = None  # mean runnable tasks per usable core over the run
 
     def timed_out(self, instance: str) -> int:
         return sum(t.timed_out for t in self.targets if t.instance == instance)
 
     @property
+    def oversubscribed(self) -> bool:
+        return self.runnable_per_core is not None and self.runnable_per_core > OVERSUBSCRIBED
+
+    @property
     def starved(self) -> bool:
-        """Prometheus lost evaluations or scrapes: any alert's timing may be off."""
-        return bool(self.missed_iterations or any(t.late or t.timed_out for t in self.targets))
+        """Prometheus lost evaluations or scrapes, or the CPUs were oversubscribed: any alert's timing may be off."""
+        return bool(self.missed_iterations or any(t.late or t.timed_out for t in self.targets) or self.oversubscribed)
+
+    def starved_because(self) -> str:
+        why = []
+        if self.missed_iterations:
+            why.append(f"{self.missed_iterations} rule evaluations missed")
+        late = sum(t.late + t.timed_out for t in self.targets)
+        if late:
+            why.append(f"{late} scrapes late or timed out")
+        if self.oversubscribed:
+            why.append(f"{self.runnable_per_core:.1f} runnable tasks per core")
+        return "Prometheus or the engine was starved: " + ", ".join(why)
 
     def evidence(self) -> list[str]:
         """What the load did, one line per fact worth reading (nothing for a quiet run)."""
@@ -71,6 +94,9 @@ class MachineLoad:
         if self.missed_iterations:
             lines.append(f"Prometheus missed {self.missed_iterations} of {self.rule_iterations} rule group "
                          "evaluations (prometheus_rule_group_iterations_missed_total)")
+        if self.oversubscribed:
+            lines.append(f"the CPUs were oversubscribed: {self.runnable_per_core:.1f} runnable tasks per usable core "
+                         f"on average (more than {OVERSUBSCRIBED:g}), so the engine ran slower than it can")
         if self.rule_failures:
             lines.append(f"{self.rule_failures} rule evaluations failed (prometheus_rule_evaluation_failures_total): "
                          "a fault of the rules")
@@ -80,10 +106,51 @@ class MachineLoad:
         scrapes = sum(t.scrapes for t in self.targets)
         failed = sum(t.failed for t in self.targets)
         slowest = max((t.slowest_s for t in self.targets), default=0.0)
+        runnable = "" if self.runnable_per_core is None else f"; {self.runnable_per_core:.1f} runnable tasks per core"
         return (f"machine load: {scrapes} scrapes, {failed} failed "
                 f"({sum(t.timed_out for t in self.targets)} timed out), slowest {slowest:.2f}s of a "
                 f"{self.timeout_s:g}s timeout; rule evaluations missed {self.missed_iterations} "
-                f"of {self.rule_iterations}")
+                f"of {self.rule_iterations}{runnable}")
+
+
+def procs_running(stat_text: str) -> int | None:
+    """The `procs_running` count of a /proc/stat text."""
+    match = re.search(r"^procs_running (\d+)$", stat_text, re.M)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(slots=True)
+class RunnableSampler:
+    """Samples /proc/stat's runnable tasks every interval_s in a thread (the sampler itself left out)."""
+
+    interval_s: float = 1.0
+    samples: list[int] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> RunnableSampler:
+        self._thread = threading.Thread(target=self._run, name="runnable-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                with open("/proc/stat", encoding="ascii") as f:
+                    count = procs_running(f.read())
+            except OSError:
+                return  # not Linux: no sample, no claim
+            if count is not None:
+                self.samples.append(max(0, count - 1))
+
+    def stop(self) -> float | None:
+        """Mean runnable tasks per usable core, or None without samples."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if not self.samples:
+            return None
+        return sum(self.samples) / len(self.samples) / len(os.sched_getaffinity(0))
 
 
 def summarize_target(job: str, instance: str, up: list[tuple[float, float]], durations: list[tuple[float, float]],
@@ -144,9 +211,9 @@ def _explained(failure: str, load: MachineLoad, down_alerts: set[str]) -> str | 
         if match["name"] in down_alerts:
             count = load.timed_out(match["instance"])
             return f"{count} scrapes of {match['instance']} timed out" if count else None
-        return "Prometheus was starved: evaluations missed or scrapes late" if load.starved else None
+        return load.starved_because() if load.starved else None
     if _NEVER.match(failure):
-        return "Prometheus was starved: evaluations missed or scrapes late" if load.starved else None
+        return load.starved_because() if load.starved else None
     if match := _DOWN_FOR.match(failure):
         extra = [i.strip().strip("'") for i in match["instances"].split(",")]
         extra = [i for i in extra if i and i != match["killed"]]

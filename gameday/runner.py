@@ -154,6 +154,7 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
     watcher: AlertWatcher | None = None
     triage = None
     load: busy.MachineLoad | None = None
+    runnable = busy.RunnableSampler().start()
     try:
         _bring_up(stack, scenario, start_ts, log)
         watcher = _run_load(stack, scenario, start_ts, log)
@@ -167,13 +168,14 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
         log.add(start_ts, "alerts checked; running llmtriage")
         triage = run_triage(stack.logs_dir, stack.prom_url, report_dir, also_text=echo)
         failures += verdict.check(scenario, stack, watcher, triage, log, notes)
-        load = _measure_load(stack, start_epoch, notes)
+        load = _measure_load(stack, start_epoch, runnable.stop(), notes)
         if scenario.probe_dashboards:
             _probe_dashboards(stack, start_epoch, notes)
         _record_series(stack, start_epoch)
     except (GamedayError, OSError) as exc:
         failures.append(f"harness: {type(exc).__name__}: {exc}")
     finally:
+        runnable.stop()
         if watcher is not None:
             watcher.stop()
         stack.close()
@@ -188,7 +190,8 @@ def run_scenario(scenario: Scenario, report_root: Path, echo: bool = False) -> S
     return result
 
 
-def _measure_load(stack: Stack, start_epoch: float, notes: list[str]) -> busy.MachineLoad | None:
+def _measure_load(stack: Stack, start_epoch: float, runnable_per_core: float | None,
+                  notes: list[str]) -> busy.MachineLoad | None:
     """Scrape and rule-evaluation health of the run (see gameday.busy), kept in the notes."""
     assert stack.prom is not None
     try:
@@ -198,6 +201,7 @@ def _measure_load(stack: Stack, start_epoch: float, notes: list[str]) -> busy.Ma
     except (GamedayError, OSError, ValueError) as exc:
         notes.append(f"machine load not measured: {exc}")
         return None
+    load.runnable_per_core = runnable_per_core
     notes.append(load.summary())
     notes.extend(load.evidence())
     return load

@@ -1,5 +1,6 @@
 """Too busy to judge, or the alert logic is wrong: the verdict on hand-made scrape and rule evidence."""
 
+import time
 from pathlib import Path
 
 import yaml
@@ -13,11 +14,12 @@ ENGINE = "127.0.0.1:8001"
 UNEXPECTED_DOWN = f"unexpected alert fired: LLMEngineDown on {ENGINE} at +19.9s"
 
 
-def _load(timed_out: int = 0, late: int = 0, missed: int = 0, failures: int = 0) -> MachineLoad:
+def _load(timed_out: int = 0, late: int = 0, missed: int = 0, failures: int = 0,
+          runnable: float | None = None) -> MachineLoad:
     target = TargetScrapes("llm-engine", ENGINE, scrapes=40, failed=timed_out, timed_out=timed_out, late=late,
                            slowest_s=1.0 if timed_out else 0.02)
     return MachineLoad(timeout_s=1.0, interval_s=1.0, targets=[target], rule_iterations=120,
-                       missed_iterations=missed, rule_failures=failures)
+                       missed_iterations=missed, rule_failures=failures, runnable_per_core=runnable)
 
 
 def test_summarize_target_counts_timeouts_refusals_and_late_scrapes():
@@ -62,7 +64,7 @@ def test_other_alert_failures_are_too_busy_only_when_prometheus_was_starved():
     assert judge([never, burn], _load(), DOWN) == (busy.FAIL, [never, burn])
     outcome, failures = judge([never, burn], _load(missed=4), DOWN)
     assert outcome == busy.TOO_BUSY
-    assert failures[0] == never + " (the machine was too busy to judge: Prometheus was starved: evaluations missed or scrapes late)"
+    assert failures[0] == never + " (the machine was too busy to judge: Prometheus or the engine was starved: 4 rule evaluations missed)"
 
 
 def test_one_unexplained_failure_makes_the_run_a_failure():
@@ -115,3 +117,30 @@ def test_reads_up():
     assert drill.reads_up('up{job="llm-engine"} == 0')
     assert drill.reads_up('absent(up{job="x"})')
     assert not drill.reads_up('llm:up == 0 or x{state="up"} or setup_total > 0')
+
+
+def test_oversubscribed_cpus_explain_latency_alerts_but_never_a_target_down():
+    """A TTFT burn on a machine running 4.8 tasks per core is the machine's; an engine down is not."""
+    burn = "unexpected alert fired: LLMTTFTSLOBurn on 127.0.0.1:8001 at +80.7s"
+    never = "alert LLMPrefixCacheHitRateLow never fired (pending only: ['LLMPrefixCacheHitRateLow'])"
+    assert judge([burn, never], _load(runnable=1.2), DOWN)[0] == busy.FAIL
+    outcome, failures = judge([burn, never], _load(runnable=4.8), DOWN)
+    assert outcome == busy.TOO_BUSY
+    assert failures[0] == burn + (" (the machine was too busy to judge: Prometheus or the engine was starved: "
+                                  "4.8 runnable tasks per core)")
+    assert judge([UNEXPECTED_DOWN], _load(runnable=4.8), DOWN) == (busy.FAIL, [UNEXPECTED_DOWN])
+    assert _load(runnable=4.8).evidence() == [
+        "the CPUs were oversubscribed: 4.8 runnable tasks per usable core on average (more than 1.5), "
+        "so the engine ran slower than it can"]
+    assert _load(runnable=0.5).summary().endswith("; 0.5 runnable tasks per core")
+
+
+def test_procs_running_and_the_sampler():
+    assert busy.procs_running("cpu  1 2 3\nprocs_running 7\nprocs_blocked 0\n") == 7
+    assert busy.procs_running("cpu 1 2 3\n") is None
+    sampler = busy.RunnableSampler(interval_s=0.05).start()
+    deadline = time.monotonic() + 5
+    while not sampler.samples and time.monotonic() < deadline:
+        time.sleep(0.05)
+    per_core = sampler.stop()
+    assert sampler.samples and per_core is not None and per_core >= 0

@@ -41,6 +41,7 @@ from fidelity_harness import (  # noqa: E402
 )
 
 TTFT_MS, ITL_MS, NUM_TOKENS = 150.0, 20.0, 32
+LLMSERVE_TOKENS = 8  # the built-in model on CPU: 32 tokens for 100 users outlast a short run
 TARGET_P50_MS, TARGET_P99_MS, TARGET_COUNT = 2.0, 20.0, 0.05
 SERVERS = ("stdlib", "aiohttp", "starlette", "nginx", "llmserve")
 
@@ -70,16 +71,18 @@ def start(kind: str, workdir: Path) -> Server:
     return start_schedule_server(kind, TTFT_MS, ITL_MS, NUM_TOKENS)
 
 
-def loadgen_samples(report: Path) -> dict:
+def loadgen_samples(run: tuple[Path, float]) -> dict:
+    report, cpu_s = run
     rows = [r for r in csv.DictReader(open(report / "loadgen_requests.csv")) if r["outcome"] == "ok"]
-    return {"count": len(rows), "ttft": [float(r["ttft_s"]) for r in rows],
+    return {"count": len(rows), "cpu_s": cpu_s, "ttft": [float(r["ttft_s"]) for r in rows],
             "itl": [float(g) for r in rows for g in r["itl_s"].split()],
             "tpot": [float(r["tpot_s"]) for r in rows if r["tpot_s"]],
             "failed": sum(1 for r in csv.DictReader(open(report / "loadgen_requests.csv")) if r["outcome"] == "failed")}
 
 
-def reference_samples(results: list[dict]) -> dict:
-    return {"count": len(results), "ttft": [r["ttft_s"] for r in results],
+def reference_samples(run: tuple[list[dict], float]) -> dict:
+    results, cpu_s = run
+    return {"count": len(results), "cpu_s": cpu_s, "ttft": [r["ttft_s"] for r in results],
             "itl": [g for r in results for g in r["itl_s"]],
             "tpot": [sum(r["itl_s"]) / (r["num_tokens"] - 1) for r in results if r["num_tokens"] > 1], "failed": 0}
 
@@ -90,7 +93,9 @@ def pct_ms(values: list[float], p: float) -> float | None:
 
 def compare(lg: dict, ref: dict, scheduled: bool) -> dict:
     row = {"loadgen_requests": lg["count"], "reference_requests": ref["count"], "loadgen_failed": lg["failed"],
-           "count_ratio": lg["count"] / ref["count"] if ref["count"] else None}
+           "count_ratio": lg["count"] / ref["count"] if ref["count"] else None,
+           "loadgen_cpu_ms_per_request": 1000 * lg["cpu_s"] / lg["count"] if lg["count"] else None,
+           "reference_cpu_ms_per_request": 1000 * ref["cpu_s"] / ref["count"] if ref["count"] else None}
     schedule = {"ttft": TTFT_MS, "itl": ITL_MS, "tpot": ITL_MS}
     ok = row["count_ratio"] is not None and abs(row["count_ratio"] - 1) <= TARGET_COUNT and not lg["failed"]
     for metric in ("ttft", "itl", "tpot"):
@@ -122,7 +127,7 @@ def main() -> int:
     run_time_s = 4.0 if args.quick else args.run_time_s
     rows, load_before = [], os.getloadavg()
     print("server       users  lg/ref n      TTFT p50 -sched -ref  p99 -ref | ITL p50 -sched -ref  p99 -ref | "
-          "TPOT p50 -ref  p99 -ref", flush=True)
+          "TPOT p50 -ref  p99 -ref | CPU ms/req lg ref", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for kind in servers:
             server = start(kind, Path(tmp) / kind)
@@ -132,14 +137,14 @@ def main() -> int:
                     work.mkdir(parents=True)
                     order = ("reference", "loadgen") if i % 2 == 0 else ("loadgen", "reference")
                     samples = {}
+                    tokens = LLMSERVE_TOKENS if kind == "llmserve" else NUM_TOKENS
                     for client in order:
                         if client == "reference":
-                            env_model = {"LOADGEN_REFERENCE_TOKENS": str(NUM_TOKENS)}
-                            os.environ.update(env_model)
+                            os.environ["LOADGEN_REFERENCE_TOKENS"] = str(tokens)
                             samples[client] = reference_samples(run_reference(server.url, users, run_time_s, work))
-                        else:
+                        else:  # prompts about as long as the reference's 4 words
                             samples[client] = loadgen_samples(run_loadgen(server.url, users, run_time_s, work,
-                                                                          NUM_TOKENS))
+                                                                          tokens, ["--prompt-tokens", "4"]))
                         time.sleep(1.0)  # the server's last streams end before the next run starts
                     row = {"server": server.kind, "users": users,
                            **compare(samples["loadgen"], samples["reference"], kind != "llmserve")}
@@ -148,7 +153,8 @@ def main() -> int:
                           f"{fmt(row['ttft_p50_minus_schedule_ms'])} {fmt(row['ttft_p50_minus_reference_ms'])} "
                           f"{fmt(row['ttft_p99_minus_reference_ms'])} | {fmt(row['itl_p50_minus_schedule_ms'])} "
                           f"{fmt(row['itl_p50_minus_reference_ms'])} {fmt(row['itl_p99_minus_reference_ms'])} | "
-                          f"{fmt(row['tpot_p50_minus_reference_ms'])} {fmt(row['tpot_p99_minus_reference_ms'])}"
+                          f"{fmt(row['tpot_p50_minus_reference_ms'])} {fmt(row['tpot_p99_minus_reference_ms'])} | "
+                          f"{fmt(row['loadgen_cpu_ms_per_request'])} {fmt(row['reference_cpu_ms_per_request'])}"
                           f"  {'ok' if row['meets_targets'] else 'MISSES'}", flush=True)
             finally:
                 server.stop()

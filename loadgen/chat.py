@@ -22,7 +22,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from loadgen import client, nonstream, profiles, runtime, webui
 from loadgen.options import add_arguments
 from loadgen.prompts import Prompt, PromptFactory, messages_to_prompt
-from loadgen.records import FailureKind, Outcome, RequestRecord
+from loadgen.records import FailureKind, Outcome, RequestRecord, perf_to_unix
 from loadgen.server_info import prompt_tokens_from_error
 
 logger = logging.getLogger("loadgen")
@@ -161,7 +161,7 @@ class ChatUser(HttpUser):
         poisson = cfg.profile == "poisson"
         slot_ts = state.schedule.next_slot() if poisson else None
         record = RequestRecord(request_id=client.new_request_id(), worker=state.worker_name, profile=cfg.profile,
-                               scheduled_unix=time.time())
+                               scheduled_unix=perf_to_unix(time.perf_counter()))
         try:
             factory = self._factory()
         except runtime.ServerInfoError as exc:
@@ -178,7 +178,7 @@ class ChatUser(HttpUser):
             scheduled_ts = slot_ts
         else:
             scheduled_ts = time.perf_counter()
-        record.scheduled_unix = time.time() - (time.perf_counter() - scheduled_ts)
+        record.scheduled_unix = perf_to_unix(scheduled_ts)
         settings = client.StreamSettings(timeout_s=cfg.timeout_s, headers=state.headers,
                                          abort_after_tokens=cfg.abort_after_tokens if cfg.profile == "abort" else None)
         try:

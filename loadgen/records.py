@@ -1,7 +1,29 @@
 """One record per streamed request: outcome, failure kind and every timing, portable between processes."""
 
+import time
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
+
+
+def _perf_to_unix_offset(num_samples: int = 9) -> float:
+    """time.time() - time.perf_counter(), from the pair of reads least apart (a read pair the process was
+    descheduled between would be off by as long as it waited)."""
+    best = None
+    for _ in range(num_samples):
+        before = time.perf_counter()
+        unix = time.time()
+        after = time.perf_counter()
+        if best is None or after - before < best[0]:
+            best = (after - before, unix - (before + after) / 2)
+    return best[1]
+
+
+PERF_TO_UNIX_S = _perf_to_unix_offset()  # once per process: every record on one timeline
+
+
+def perf_to_unix(ts: float) -> float:
+    """A time.perf_counter() reading on the wall clock (to align records of several processes)."""
+    return ts + PERF_TO_UNIX_S
 
 
 class Outcome(StrEnum):

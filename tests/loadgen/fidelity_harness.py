@@ -4,6 +4,7 @@ bench/loadgen_fidelity.py."""
 
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -90,7 +91,8 @@ def start_schedule_server(kind: str, ttft_ms: float, itl_ms: float, num_tokens: 
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(SERVERS), kind, "--port", str(port), "--ttft-ms", str(ttft_ms),
                              "--itl-ms", str(itl_ms), "--tokens", str(num_tokens)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     url = f"http://127.0.0.1:{port}"
     wait_ready(url + "/v1/models", proc)
     return Server(kind, url, [proc], url)
@@ -111,31 +113,40 @@ def start_behind_nginx(upstream: Server, workdir: Path) -> Server:
     return Server(f"nginx+{upstream.kind}", url, upstream.procs + [proc], upstream.stats_url)
 
 
+@dataclass
+class LocustRun:
+    proc: subprocess.CompletedProcess
+    cpu_s: float  # user + system CPU of the Locust process(es), start-up and report included
+
+
 def run_locust(locustfile: Path, host: str, users: int, run_time_s: float, cwd: Path, extra: list[str],
-               env_extra: dict | None = None, timeout_s: float = 180) -> subprocess.CompletedProcess:
+               env_extra: dict | None = None, timeout_s: float = 180) -> LocustRun:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            **(env_extra or {})}
     cmd = [str(LOCUST), "-f", str(locustfile), "--headless", "--only-summary", "--host", host, "-u", str(users),
            "-r", str(users), "-t", f"{round(run_time_s)}s", "--stop-timeout", "5", *extra]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return LocustRun(proc, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime))
 
 
 def run_loadgen(host: str, users: int, run_time_s: float, workdir: Path, num_tokens: int,
-                extra: list[str] = ()) -> Path:
-    """loadgen/chat.py; returns its report folder."""
+                extra: list[str] = ()) -> tuple[Path, float]:
+    """loadgen/chat.py; returns its report folder and the CPU seconds it took."""
     report = workdir / "loadgen-report"
-    proc = run_locust(REPO / "loadgen" / "chat.py", host, users, run_time_s, workdir,
-                      ["--output-tokens", str(num_tokens), "--prompt-tokens", "16", "--report-dir", str(report),
-                       *extra])
-    if proc.returncode != 0:
-        raise RuntimeError(f"loadgen exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return report
+    run = run_locust(REPO / "loadgen" / "chat.py", host, users, run_time_s, workdir,
+                     ["--output-tokens", str(num_tokens), "--prompt-tokens", "16", "--report-dir", str(report),
+                      *extra])
+    if run.proc.returncode != 0:
+        raise RuntimeError(f"loadgen exited {run.proc.returncode}: {run.proc.stderr[-2000:]}")
+    return report, run.cpu_s
 
 
-def run_reference(host: str, users: int, run_time_s: float, workdir: Path) -> list[dict]:
-    """The plain reference locustfile; one dict per finished request."""
+def run_reference(host: str, users: int, run_time_s: float, workdir: Path) -> tuple[list[dict], float]:
+    """The plain reference locustfile; one dict per finished request, and the CPU seconds it took."""
     out = workdir / "reference.jsonl"
-    proc = run_locust(REFERENCE, host, users, run_time_s, workdir, [], {"LOADGEN_REFERENCE_OUT": str(out)})
-    if proc.returncode != 0:
-        raise RuntimeError(f"the reference exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return [json.loads(line) for line in out.read_text().splitlines()]
+    run = run_locust(REFERENCE, host, users, run_time_s, workdir, [], {"LOADGEN_REFERENCE_OUT": str(out)})
+    if run.proc.returncode != 0:
+        raise RuntimeError(f"the reference exited {run.proc.returncode}: {run.proc.stderr[-2000:]}")
+    return [json.loads(line) for line in out.read_text().splitlines()], run.cpu_s

@@ -18,6 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from loadgen.records import perf_to_unix  # the same clock mapping as the client's
+
 
 @dataclass(slots=True)
 class Schedule:
@@ -82,7 +84,7 @@ def events(body: dict, chat: bool, schedule: Schedule, arrival: float, stats: St
     sends_unix = []
     for k in range(num_tokens):
         sent = yield due, _chunk(chat, f" tok{k}")
-        sends_unix.append(time.time() - (time.perf_counter() - sent))
+        sends_unix.append(perf_to_unix(sent))
         if first is None:
             first = sent
         else:

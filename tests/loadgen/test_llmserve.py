@@ -8,6 +8,7 @@ import time
 
 import pytest
 import requests
+from fidelity_harness import Server, start_behind_nginx
 from locust_harness import read_summary, run_locust
 
 from loadgen.report import REQUESTS_CSV
@@ -112,3 +113,27 @@ def test_client_ttft_matches_llmserve_ttft(llmserve, tmp_path):
     probe_ttft = sum(e["ttft_s"] for rid, e in finished.items() if rid not in client)
     assert ttft_sum - probe_ttft == pytest.approx(sum(server.values()), abs=1e-3)
     assert sum(client.values()) > ttft_sum - probe_ttft
+
+
+def test_llmserve_through_nginx_with_two_processes(llmserve, tmp_path):
+    """Locust's --processes 2 (a master, two workers) against llmserve behind nginx, proxy_buffering off:
+    one report over both workers, every request and token accounted for."""
+    url, logs = llmserve
+    upstream = Server("llmserve", url, [], url)
+    gateway = start_behind_nginx(upstream, tmp_path)
+    try:
+        proc = run_locust(["--host", gateway.url, "--report-dir", str(tmp_path / "rep"), "--processes", "2",
+                           "-u", "4", "-r", "4", "-t", "3s", "--prompt-tokens", "16", "--output-tokens", "4"],
+                          tmp_path)
+    finally:
+        gateway.stop()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = read_summary(tmp_path / "rep")
+    rows = list(csv.DictReader(open(tmp_path / "rep" / REQUESTS_CSV)))
+    assert {r["worker"] for r in rows} == {"worker-0", "worker-1"}
+    assert len(rows) == s["num_requests"] == s["num_succeeded"] > 0
+    assert {(r["output_tokens"], r["output_tokens_source"]) for r in rows} == {("4", "usage")}
+    finished = {e["request_id"] for e in logs.events("request.finished")}
+    assert {r["response_id"] for r in rows} <= finished
+    # Each of the two workers probed once (max_tokens 1); every other request the engine finished is a row.
+    assert len(finished) == len(rows) + 2

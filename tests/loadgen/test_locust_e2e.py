@@ -3,8 +3,10 @@
 import csv
 import json
 
+import pytest
 from locust_harness import read_summary, run_locust
 
+from loadgen.options import PROFILES
 from loadgen.report import REQUESTS_CSV, SUMMARY_JSON, SUMMARY_MD
 
 TOLERANCE_S = 0.015  # client-side measurement error allowed on a shared 2-core machine
@@ -124,3 +126,19 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert "loadgen: error: dataset missing.json: cannot read: No such file or directory\n" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / SUMMARY_JSON).exists()
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profile_runs_headless(mock_process, tmp_path, profile):
+    server = mock_process(ttft_s=0.02, itl_s=0.01)
+    proc = run_locust(locust_args(server.port, tmp_path, "-u", "2", "-r", "2", "-t", "2s", "--profile", profile,
+                                  "--stage-s", "0.5", "--rate", "4", "--prompt-tokens", "16", "--output-tokens", "4",
+                                  "--prefix-tokens", "32", "--turns", "2", "--max-model-len", "256"), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = read_summary(tmp_path)
+    assert s["profile"] == profile and s["num_failed"] == 0
+    assert s["num_requests"] == server.stats.num_requests > 0  # (the mock counts streamed requests only)
+    if profile == "abort":
+        assert s["num_aborted"] > 0 and s["num_succeeded"] == 0
+    else:
+        assert s["num_succeeded"] > 0 and s["num_aborted"] == 0

@@ -1,0 +1,35 @@
+"""The per-process state: Locust's CPU warning from a worker reaches the master's report."""
+
+import json
+from types import SimpleNamespace
+
+from test_prompts_profiles import options
+
+from loadgen.options import config_from_options
+from loadgen.records import RequestRecord
+from loadgen.report import SUMMARY_JSON, SUMMARY_MD
+from loadgen.runtime import LoadgenState
+
+
+def state(tmp_path) -> LoadgenState:
+    return LoadgenState(config_from_options(options(report_dir=str(tmp_path))), SimpleNamespace(runner=None))
+
+
+def test_a_workers_cpu_warning_reaches_the_masters_report(tmp_path):
+    worker, master = state(tmp_path / "w"), state(tmp_path / "m")
+    worker.note_cpu(93.5)
+    worker.note_cpu(97.0)
+    worker.unsent.append(RequestRecord(request_id="r", worker="worker-0", profile="steady", scheduled_unix=1.0,
+                                       ttft_s=0.1, e2e_s=0.2, end_s=0.2, num_chunks=2, itl_s=[0.1]))
+    master.merge(json.loads(json.dumps(worker.take_unsent(final=True))))  # as it travels
+    assert (master.cpu_warning, master.max_cpu_percent) == (True, 97.0)
+    master.write("http://h")
+    summary = json.loads((tmp_path / "m" / SUMMARY_JSON).read_text())
+    assert (summary["client_cpu_warning"], summary["max_client_cpu_percent"], summary["num_requests"]) == (True, 97.0, 1)
+    assert "**The client was CPU-bound**" in (tmp_path / "m" / SUMMARY_MD).read_text()
+
+
+def test_no_warning_no_note(tmp_path):
+    master = state(tmp_path)
+    master.merge(state(tmp_path).take_unsent())
+    assert (master.cpu_warning, master.max_cpu_percent) == (False, None)

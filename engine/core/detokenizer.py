@@ -35,6 +35,14 @@ def check_stop(tokenizer: Decoder, request: Request, eos_token_id: int | None, m
     """Update text and finish_reason after one token was appended (vLLM's check order)."""
     params = request.params
     token_id = request.output_token_ids[-1]
+    if request.num_output_tokens < params.min_tokens:
+        # Below min_tokens nothing stops the request but its length (the sampler held eos and stop
+        # token ids back); stop strings wholly inside the first min_tokens stay, as in vLLM.
+        request.output_text += detokenize_incrementally(tokenizer, request, request.num_tokens)
+        if request.num_tokens >= max_model_len:
+            request.output_text += detokenize_incrementally(tokenizer, request, request.num_tokens, flush=True)
+            request.finish_reason = FinishReason.LENGTH
+        return
     is_eos = eos_token_id is not None and token_id == eos_token_id and not params.ignore_eos
     if is_eos or token_id in params.stop_token_ids:
         # The stop token itself adds no text; flush what was held back before it.

@@ -11,7 +11,7 @@ from engine.core.block_manager import KVCacheManager
 from engine.core.config import EngineConfig
 from engine.core.detokenizer import check_stop, take_new_text
 from engine.core.faults import FaultInjector
-from engine.core.outputs import FinishReason, RequestOutput
+from engine.core.outputs import FinishReason, RequestOutput, TokenLogprob
 from engine.core.runner import ModelRunner, allocate_kv_caches
 from engine.core.sampler import Sampler
 from engine.core.sampling import SamplingParams
@@ -59,7 +59,7 @@ class LLMEngine:
         kv_caches = allocate_kv_caches(loaded.model_config, self.capacity.num_blocks, config.block_size, dtype, device)
         self.runner = ModelRunner(loaded.model, kv_caches, self.kv, device)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.sampler = Sampler(device, config.seed, loaded.suppress_token_ids)
+        self.sampler = Sampler(device, config.seed, loaded.suppress_token_ids, self.tokenizer.eos_token_id)
         self.eos_token_id = self.tokenizer.eos_token_id
         self.vocab_size = loaded.model_config.vocab_size
         self.requests: dict[str, Request] = {}
@@ -167,20 +167,25 @@ class LLMEngine:
         logits = self.runner.execute(batch)  # [len(batch), vocab]
         rows = [i for i, item in enumerate(batch) if item.completes_prompt]
         tokens: list[int] = []
+        logprobs: list = []
         if rows:
             sampled_logits = logits if len(rows) == len(batch) else logits[rows]
-            tokens = self.sampler.sample(sampled_logits, [batch[i].request for i in rows])
+            requests = [batch[i].request for i in rows]
+            processed = self.sampler.process(sampled_logits, requests)
+            tokens = self.sampler.choose(processed, requests)
+            if any(r.params.logprobs is not None for r in requests):
+                logprobs = self.sampler.logprobs(processed, requests, tokens)
         now = self.clock()  # after the tokens' host copy, so the forward has really finished
         for item in batch:
             item.request.num_computed_tokens += item.num_new_tokens
         if self.log_stats:
             self._num_generated = len(tokens)
             self._num_prompt_computed = _num_prompt_tokens(batch)
-        for i, token in zip(rows, tokens, strict=True):
-            outputs.append(self._append_token(batch[i].request, token, now))
+        for j, (i, token) in enumerate(zip(rows, tokens, strict=True)):
+            outputs.append(self._append_token(batch[i].request, token, now, logprobs[j] if logprobs else None))
         return now - forward_start
 
-    def _append_token(self, request: Request, token: int, now: float) -> RequestOutput:
+    def _append_token(self, request: Request, token: int, now: float, logprob: TokenLogprob | None) -> RequestOutput:
         request.append_token(token)
         check_stop(self.tokenizer, request, None if request.params.ignore_eos else self.eos_token_id,
                    self.max_model_len)
@@ -190,7 +195,10 @@ class LLMEngine:
             request.stats.token_ts.append(now)
         if request.finish_reason is not None:
             self._finish(request, request.finish_reason)
-        return self._make_output(request, [token])
+        output = self._make_output(request, [token])
+        if logprob is not None:
+            output.logprobs = [logprob]
+        return output
 
     def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
         self.scheduler.remove(request)  # frees its blocks at once

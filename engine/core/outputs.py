@@ -12,6 +12,15 @@ class FinishReason(StrEnum):
 
 
 @dataclass(slots=True)
+class TokenLogprob:
+    """One sampled token's log-probability and the most likely alternatives (id, logprob), best first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(slots=True)
 class RequestOutput:
     """One request's progress in one step (or its final state when `finished`)."""
 
@@ -25,3 +34,4 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     error: str | None = None  # message when finish_reason is ERROR
     metrics: "object | None" = field(default=None)  # engine.obs.stats.RequestStats when finished
+    logprobs: list[TokenLogprob] | None = None  # one per new_token_ids, when the request asked for logprobs

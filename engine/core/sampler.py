@@ -1,16 +1,22 @@
-"""Token sampling from the last position's logits: suppressed ids, greedy, temperature, top-k, top-p, seeds."""
+"""Token sampling from the last position's logits: suppressed ids, penalties and bias, greedy, temperature,
+top-k, top-p, seeds; and the log-probabilities of what was chosen."""
 
 import torch
 
+from engine.core import logits_processors
+from engine.core.outputs import TokenLogprob
 from engine.core.sequence import Request
 
 
 class Sampler:
     """Samples one token per row. One host copy (`tolist`) per step: the tokens are needed anyway."""
 
-    def __init__(self, device: torch.device, seed: int, suppress_token_ids: list[int] | None = None):
-        """`suppress_token_ids` (the checkpoint's `suppress_tokens`) are never sampled, in any mode."""
+    def __init__(self, device: torch.device, seed: int, suppress_token_ids: list[int] | None = None,
+                 eos_token_id: int | None = None):
+        """`suppress_token_ids` (the checkpoint's `suppress_tokens`) are never sampled, in any mode;
+        `eos_token_id` is held back from requests that have not reached their min_tokens."""
         self.device = device
+        self.eos_token_id = eos_token_id
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.suppress_ids: torch.Tensor | None = None
@@ -19,8 +25,38 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """logits [num_rows, vocab] -> one token id per row, rows in the order of `requests`."""
+        return self.choose(self.process(logits, requests), requests)
+
+    def process(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """The logits the choice is made from: suppressed ids, then each request's penalties and bias."""
         if self.suppress_ids is not None:  # -inf: argmax skips them, softmax gives them 0
             logits = logits.index_fill(1, self.suppress_ids, float("-inf"))
+        return logits_processors.apply(logits, requests, self.eos_token_id)
+
+    def logprobs(self, logits: torch.Tensor, requests: list[Request], tokens: list[int]) -> list[TokenLogprob | None]:
+        """Per row, the chosen token's log-probability and the top alternatives, for requests asking.
+
+        From the processed logits (after penalties and bias, before temperature, top-k and top-p):
+        the distribution the model and the request's own changes give, as vLLM's processed logprobs.
+        """
+        rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+        result: list[TokenLogprob | None] = [None] * len(requests)
+        if not rows:
+            return result
+        device = logits.device
+        index = torch.tensor(rows, device=device)
+        lp = logits.index_select(0, index).float().log_softmax(dim=-1)  # [R, V]
+        chosen = lp.gather(1, torch.tensor([tokens[i] for i in rows], device=device)[:, None]).squeeze(1).tolist()
+        k = max(requests[i].params.logprobs for i in rows)
+        top_values, top_ids = (lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long()))
+        top_values, top_ids = top_values.tolist(), top_ids.tolist()
+        for j, i in enumerate(rows):
+            n = requests[i].params.logprobs
+            result[i] = TokenLogprob(tokens[i], chosen[j], list(zip(top_ids[j][:n], top_values[j][:n], strict=True)))
+        return result
+
+    def choose(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+        """Processed logits [num_rows, vocab] -> one token id per row."""
         if all(r.params.temperature == 0.0 for r in requests):
             return logits.argmax(dim=-1).tolist()
         return self._sample_mixed(logits.float(), requests)

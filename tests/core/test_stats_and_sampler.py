@@ -70,9 +70,16 @@ def test_bad_sampling_params_name_the_field():
         "seed": SamplingParams(seed=1.5),
         "stop": SamplingParams(stop="END"),
         "stop_token_ids": SamplingParams(stop_token_ids=[300]),
+        "presence_penalty": SamplingParams(presence_penalty=2.5),
+        "frequency_penalty": SamplingParams(frequency_penalty=float("nan")),
+        "repetition_penalty": SamplingParams(repetition_penalty=0.0),
+        "min_tokens": SamplingParams(max_tokens=4, min_tokens=5),
+        "logit_bias": SamplingParams(logit_bias={260: 1.0}),
+        "logprobs": SamplingParams(logprobs=21),
     }
     for param, params in cases.items():
         with pytest.raises(errors.InvalidRequestError, match=f"^{param} ") as info:
             params.validate(vocab_size=260)
         assert info.value.param == param
-    SamplingParams(temperature=0, top_p=1, stop=["\n"], stop_token_ids=[259], seed=7).validate(260)
+    SamplingParams(temperature=0, top_p=1, stop=["\n"], stop_token_ids=[259], seed=7, presence_penalty=-2,
+                   repetition_penalty=1.3, min_tokens=16, logit_bias={259: -100}, logprobs=20).validate(260)

@@ -3,7 +3,8 @@
 Built-in model, 32 requests x 128 output tokens (ignore_eos), measured three ways in one run:
 all 32 batched through the engine; one at a time through the same engine; the bare model
 forward loop at batch 32 with the same context lengths and no engine around it (the floor the
-engine can approach); then two engines, stats on and off, over the same work. Paired runs go
+engine can approach); then two engines, stats on and off, over the same work; then two engines
+where every request of one has penalties, a logit_bias and logprobs and the other's none. Paired runs go
 in lockstep (one step each in turn) so that on a shared machine a load spike hits both alike.
 Prints one JSON object as its last line.
 
@@ -120,22 +121,42 @@ def engine_vs_forward(engine, loaded, prompts, params, device) -> tuple[float, f
     return engine_s, forward_s
 
 
+def paired_step_ratio(first: LLMEngine, second: LLMEngine) -> float:
+    """Median over step pairs of first's step time / second's: two engines over the same work, stepped
+    in turn (order alternating), so each pair shares the machine's momentary load."""
+    ratios = []
+    while first.has_unfinished_requests():
+        if len(ratios) % 2 == 0:
+            first_s, second_s = timed(first.step), timed(second.step)
+        else:
+            second_s, first_s = timed(second.step), timed(first.step)
+        ratios.append(first_s / second_s)
+    return statistics.median(ratios)
+
+
 def stats_overhead(loaded, config, prompts, params) -> float:
-    """Median over step pairs of step time with stats on / off: two engines over the same work,
-    stepped in turn (order alternating), so each pair shares the machine's momentary load."""
+    """Step time with stats on / off over the same work."""
     on = LLMEngine(config, loaded=loaded)
     off = LLMEngine(dataclasses.replace(config, log_stats=False), loaded=loaded)
     for engine in (on, off):
         for i, prompt in enumerate(prompts):
             engine.add_request(f"stats-{i}", prompt, params)
-    ratios = []
-    while on.has_unfinished_requests():
-        if len(ratios) % 2 == 0:
-            on_s, off_s = timed(on.step), timed(off.step)
-        else:
-            off_s, on_s = timed(off.step), timed(on.step)
-        ratios.append(on_s / off_s)
-    return statistics.median(ratios)
+    return paired_step_ratio(on, off)
+
+
+def processing_overhead(loaded, config, prompts, params) -> float:
+    """Step time of a batch where every request has penalties, a logit_bias and logprobs / a plain batch.
+
+    Greedy both, the penalised batch's bias pointing at no token so the two generate the same number
+    of tokens; what differs is the sampler's work on the real logits.
+    """
+    processed = dataclasses.replace(params, presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2,
+                                    logit_bias={0: -1.0}, logprobs=5)
+    heavy, plain = LLMEngine(config, loaded=loaded), LLMEngine(config, loaded=loaded)
+    for i, prompt in enumerate(prompts):
+        heavy.add_request(f"proc-{i}", prompt, processed)
+        plain.add_request(f"plain-{i}", prompt, params)
+    return paired_step_ratio(heavy, plain)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     stats_params = SamplingParams(max_tokens=32 if args.quick else args.output_tokens, temperature=0.0, ignore_eos=True)
     ratio_stats = stats_overhead(loaded, config, prompts, stats_params)
+    ratio_processing = processing_overhead(loaded, config, prompts, stats_params)
 
     batched_tok_s = num_tokens / batched_s
     sequential_tok_s = num_sequential * args.output_tokens / sequential_s
@@ -194,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_vs_sequential": round(batched_tok_s / sequential_tok_s, 2),
         "forward_efficiency": round(batched_tok_s / forward_tok_s, 3),
         "stats_overhead_ratio": round(ratio_stats, 3),
+        "penalties_logprobs_overhead_ratio": round(ratio_processing, 3),
     }
     print(json.dumps(result))
     return 0

@@ -61,8 +61,9 @@ class SamplingParams:
             value = getattr(self, name)
             if not _is_number(value) or not -2.0 <= value <= 2.0:
                 raise _bad(name, f"must be a number in [-2, 2], got {value!r}")
-        if not _is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 100.0:
-            raise _bad("repetition_penalty", f"must be a number in (0, 100], got {self.repetition_penalty!r}")
+        # Bounded below too: dividing logits by a denormal makes them infinite, and softmax NaN.
+        if not _is_number(self.repetition_penalty) or not 0.01 <= self.repetition_penalty <= 100.0:
+            raise _bad("repetition_penalty", f"must be a number in [0.01, 100], got {self.repetition_penalty!r}")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise _bad("min_tokens", f"must be an integer in [0, max_tokens={self.max_tokens}], "
                                      f"got {self.min_tokens!r}")

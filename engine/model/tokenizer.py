@@ -25,6 +25,8 @@ class Tokenizer(Protocol):
 
     def apply_chat_template(self, messages: list[dict]) -> str: ...
 
+    def token_bytes(self, token_id: int) -> bytes: ...
+
 
 class ChatTemplate:
     """A chat template rendered as Hugging Face's apply_chat_template does (sandboxed jinja2)."""
@@ -119,6 +121,12 @@ class ByteTokenizer:
     def apply_chat_template(self, messages: list[dict]) -> str:
         return self._template.render(messages)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a special token: its text)."""
+        if token_id < 256:
+            return bytes([token_id])
+        return self.special_tokens[token_id - 256].encode("utf-8")
+
 
 class HFTokenizer:
     """tokenizer.json through the `tokenizers` package, chat template from tokenizer_config.json."""
@@ -151,6 +159,11 @@ class HFTokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, as far as decoding it alone tells (a partial character reads
+        as U+FFFD's bytes: tokenizers has no byte-level view of a piece)."""
+        return self._tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def apply_chat_template(self, messages: list[dict]) -> str:
         if self._template is None:

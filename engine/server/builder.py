@@ -15,6 +15,7 @@ from engine.obs.events import RequestEventSink
 from engine.obs.logs import EventLogger, LogFormat
 from engine.obs.metrics import PrometheusSink
 from engine.obs.tracing import RequestTracer
+from engine.server.logprobs import LogprobFormatter
 from engine.server.state import ServerConfig, ServerState
 
 
@@ -50,7 +51,8 @@ def build_state(llm: LLMEngine, config: ServerConfig, log: EventLogger,
     model = config.served_model_name or llm.model_name
     log.model = model
     engine = AsyncEngine(llm, max_queue_len=config.max_queue_len)
-    state = ServerState(engine=engine, config=config, log=log, model_name=model)
+    state = ServerState(engine=engine, config=config, log=log, model_name=model,
+                        logprob_formatter=LogprobFormatter(llm.tokenizer))
     cap = llm.capacity
     info = {"model_digest": llm.model_digest, "block_size": str(cap.block_size),
             "prefix_caching": str(llm.config.enable_prefix_caching).lower(),

@@ -5,15 +5,17 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine import errors
-from engine.core.outputs import FinishReason, RequestOutput
+from engine.core.outputs import FinishReason, RequestOutput, TokenLogprob
 from engine.core.sampling import SamplingParams
 from engine.obs.tracing import SpanInfo
+from engine.server import params as params_module
 from engine.server import protocol as p
 from engine.server.errors import (
     APIError,
@@ -31,6 +33,22 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass(slots=True)
+class Choice:
+    """One of a request's n answers: its own engine request and stream of outputs."""
+
+    index: int
+    engine_id: str
+    params: SamplingParams
+    gen: AsyncIterator[RequestOutput] | None = None
+    first: asyncio.Future | None = None  # the first output, awaited by start() for admission errors
+    text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    final: RequestOutput | None = None
+    num_tokens: int = 0
+    text_offset: int = 0  # characters of this choice's text before its next token (completions logprobs)
+
+
+@dataclass(slots=True)
 class Job:
     """One admitted request, from admission to its last byte."""
 
@@ -41,13 +59,21 @@ class Job:
     arrival_ts: float
     stream: bool
     include_usage: bool
+    choices: list[Choice] = field(default_factory=list)
+    logprobs: bool = False  # the responses carry logprobs
+    echo: str | None = None  # completions `echo`: the prompt text, before each choice's text
     created: int = field(default_factory=p.now_s)
-    text: list[str] = field(default_factory=list)
-    final: RequestOutput | None = None
     error: BaseException | None = None
     span: SpanInfo | None = None
-    gen: AsyncIterator[RequestOutput] | None = None
-    first: asyncio.Future | None = None  # the first output, awaited by start() for admission errors
+
+    @property
+    def final(self) -> RequestOutput | None:
+        """The first choice's final output (its metrics stand for the request in traces)."""
+        return self.choices[0].final if self.choices else None
+
+    @property
+    def is_finished(self) -> bool:
+        return all(c.final is not None for c in self.choices)
 
 
 def sse(data: dict | str) -> str:
@@ -73,38 +99,6 @@ def text_event_template(operation: str, request_id: str, model: str, created: in
     return head, tail
 
 
-# As vLLM: a temperature under this is greedy (dividing logits by it overflows float32).
-GREEDY_EPS = 1e-5
-# The smallest nucleus mass float32 sampling tells apart from 0 (the top token is always kept).
-MIN_TOP_P = 1e-6
-
-
-def _sampling(body: p.SamplingFields, default_max: int) -> SamplingParams:
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    temperature = 1.0 if body.temperature is None else body.temperature
-    params = SamplingParams(
-        max_tokens=body.max_tokens or default_max,
-        temperature=0.0 if temperature < GREEDY_EPS else temperature,
-        top_p=1.0 if body.top_p is None else max(body.top_p, MIN_TOP_P),
-        top_k=body.top_k if body.top_k and body.top_k > 0 else None,
-        seed=body.seed, stop=stop, ignore_eos=bool(body.ignore_eos),
-    )
-    params.validate()
-    return params
-
-
-def _prompt_ids(state: ServerState, body) -> tuple[list[int], str | None]:
-    tok = state.llm.tokenizer
-    if isinstance(body, p.ChatCompletionRequest):
-        text = tok.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
-        return tok.encode(text), text
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-        return list(prompt), None
-    text = prompt[0] if isinstance(prompt, list) else prompt
-    return tok.encode(text), text
-
-
 def admit(state: ServerState, request: Request, body, operation: str) -> Job:
     """Check readiness, model, limits and queue; raise an APIError or return an admitted Job."""
     arrival_ts = time.monotonic()
@@ -119,17 +113,24 @@ def admit(state: ServerState, request: Request, body, operation: str) -> Job:
         raise NotReady("The server is not ready: " + _not_ready_why(state), code="not_ready")
     if body.model != state.model_name:
         raise ModelNotFound(f"The model `{body.model}` does not exist.", "model", "model_not_found")
-    prompt_ids, prompt_text = _prompt_ids(state, body)
+    params_module.check_supported(body)
+    tokenizer = state.llm.tokenizer
+    prompt_ids, prompt_text = params_module.prompt_ids(tokenizer, body)
     max_len = state.llm.max_model_len
     requested = getattr(body, "max_completion_tokens", None) or body.max_tokens
     default_max = max(max_len - len(prompt_ids), 1) if operation == CHAT else 16
-    params = _sampling(body, requested or default_max)
+    params = params_module.sampling(body, requested or default_max, state.llm.vocab_size)
+    echo = params_module.echo_text(tokenizer, body, prompt_ids, prompt_text)
     extra = {"prompt": prompt_text} if state.config.log_prompts else {}
+    n = body.n or 1
     state.log.emit("request.received", request_id=request_id, prompt_tokens=len(prompt_ids),
                    max_tokens=params.max_tokens, stream=bool(body.stream),
-                   endpoint=request.url.path, **extra)
+                   endpoint=request.url.path, **({"n": n} if n > 1 else {}), **extra)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    job = Job(request_id, operation, prompt_ids, params, arrival_ts, bool(body.stream), include_usage)
+    job = Job(request_id, operation, prompt_ids, params, arrival_ts, bool(body.stream), include_usage,
+              logprobs=params.logprobs is not None, echo=echo)
+    job.choices = [Choice(i, request_id if n == 1 else f"{request_id}-{i}", choice_params)
+                   for i, choice_params in enumerate(params_module.per_choice(params, n))]
     if state.tracer is not None:
         job.span = SpanInfo(request_id, operation, state.model_name, params.max_tokens, params.temperature,
                             params.top_p, state.tracer.extract_parent(request.headers))
@@ -143,22 +144,31 @@ def _not_ready_why(state: ServerState) -> str:
 
 
 async def start(state: ServerState, job: Job) -> None:
-    """Submit the job; the engine's admission errors (queue full, too long, dead) raise here, before
-    any byte is sent, so they reach the client as an HTTP status rather than a stream event."""
-    if state.events is not None:  # before the step thread can schedule it
-        state.events.track(job.request_id, job.arrival_ts)
-    job.gen = state.engine.generate(job.request_id, job.prompt_ids, job.params, arrival_ts=job.arrival_ts)
-    job.first = asyncio.ensure_future(anext(job.gen))
-    await asyncio.sleep(0)  # the task runs generate's synchronous admission checks first
-    if job.first.done() and job.first.exception() is not None:
-        if state.events is not None:
-            state.events.forget(job.request_id)
-        raise job.first.exception()
-    state.live[job.request_id] = LiveRequest(job.request_id, job.arrival_ts, stream=job.stream)
+    """Submit the job's choices; the engine's admission errors (queue full, too long, dead) raise here,
+    before any byte is sent, so they reach the client as an HTTP status rather than a stream event."""
+    for choice in job.choices:
+        if state.events is not None:  # before the step thread can schedule it
+            state.events.track(choice.engine_id, job.arrival_ts)
+        choice.gen = state.engine.generate(choice.engine_id, job.prompt_ids, choice.params,
+                                           arrival_ts=job.arrival_ts)
+        choice.first = asyncio.ensure_future(anext(choice.gen))
+    await asyncio.sleep(0)  # the tasks run generate's synchronous admission checks first
+    refused = next((c.first.exception() for c in job.choices if c.first.done() and c.first.exception()), None)
+    if refused is not None:
+        for choice in job.choices:
+            if not choice.first.done():
+                choice.first.cancel()  # its generator aborts what was queued
+            elif choice.first.exception() is None:
+                state.engine.abort(choice.engine_id)
+            if state.events is not None:
+                state.events.forget(choice.engine_id)
+        raise refused
+    state.live[job.request_id] = LiveRequest(job.request_id, job.arrival_ts, stream=job.stream,
+                                             engine_ids=[c.engine_id for c in job.choices])
 
 
-async def _outputs(state: ServerState, job: Job) -> AsyncIterator[RequestOutput]:
-    """The engine's outputs for a started job, ended by --request-timeout (raises RequestTimeout)."""
+async def _outputs(state: ServerState, job: Job, choice: Choice) -> AsyncIterator[RequestOutput]:
+    """The engine's outputs for a started choice, ended by --request-timeout (raises RequestTimeout)."""
     timeout = state.config.request_timeout_s
     # The loop's clock may differ from time.monotonic (uvloop), so the deadline moves over to it as
     # the time remaining.
@@ -166,8 +176,8 @@ async def _outputs(state: ServerState, job: Job) -> AsyncIterator[RequestOutput]
     deadline = None if remaining_s is None else asyncio.get_running_loop().time() + remaining_s
     try:
         while True:
-            step = job.first if job.first is not None else anext(job.gen)
-            job.first = None
+            step = choice.first if choice.first is not None else anext(choice.gen)
+            choice.first = None
             try:
                 if deadline is None:
                     output = await step
@@ -184,7 +194,45 @@ async def _outputs(state: ServerState, job: Job) -> AsyncIterator[RequestOutput]
             if output.finished:
                 return
     finally:
-        await job.gen.aclose()
+        await choice.gen.aclose()
+
+
+async def _all_outputs(state: ServerState, job: Job) -> AsyncIterator[tuple[Choice, RequestOutput]]:
+    """Every choice's outputs as they come; the first failure of any choice raises (the rest are closed)."""
+    if len(job.choices) == 1:
+        choice = job.choices[0]
+        async with aclosing(_outputs(state, job, choice)) as outputs:
+            async for output in outputs:
+                yield choice, output
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(choice: Choice) -> None:
+        try:
+            async for output in _outputs(state, job, choice):
+                queue.put_nowait((choice, output, None))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            queue.put_nowait((choice, None, exc))
+        else:
+            queue.put_nowait((choice, None, None))
+
+    tasks = [asyncio.ensure_future(pump(choice)) for choice in job.choices]
+    try:
+        num_running = len(tasks)
+        while num_running:
+            choice, output, exc = await queue.get()
+            if output is not None:
+                yield choice, output
+                continue
+            num_running -= 1
+            if exc is not None:
+                raise exc
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _finish_error(state: ServerState, job: Job, output: RequestOutput) -> APIError | None:
@@ -203,10 +251,22 @@ def _finish_error(state: ServerState, job: Job, output: RequestOutput) -> APIErr
     return None
 
 
-def _usage(output: RequestOutput | None) -> dict:
-    if output is None:
+def _usage(job: Job) -> dict:
+    """Prompt tokens once (the choices share the prompt), completion tokens of every choice."""
+    first = job.final
+    if first is None:
         return p.usage(0, 0, 0)
-    return p.usage(output.num_prompt_tokens, output.num_output_tokens, output.num_cached_tokens)
+    num_completion = sum(c.final.num_output_tokens for c in job.choices if c.final is not None)
+    return p.usage(first.num_prompt_tokens, num_completion, first.num_cached_tokens)
+
+
+def _track(state: ServerState, job: Job, choice: Choice, output: RequestOutput) -> None:
+    choice.num_tokens = output.num_output_tokens
+    live = state.live.get(job.request_id)
+    if live is not None:
+        live.tokens_sent = sum(c.num_tokens for c in job.choices)
+    if output.finished:
+        choice.final = output
 
 
 async def complete(state: ServerState, request: Request, job: Job) -> JSONResponse:
@@ -229,29 +289,40 @@ async def complete(state: ServerState, request: Request, job: Job) -> JSONRespon
         watcher.cancel()
         _trace(state, job)
         state.live.pop(job.request_id, None)
-    out = job.final
-    assert out is not None
-    finish = out.finish_reason.value if out.finish_reason else "stop"
-    text = "".join(job.text)
-    if job.operation == CHAT:
-        body = p.chat_response(job.request_id, state.model_name, job.created, text, finish, _usage(out))
-    else:
-        body = p.completion_response(job.request_id, state.model_name, job.created, text, finish, _usage(out))
-    return JSONResponse(body)
+    return JSONResponse(_response(state, job))
 
 
 async def _collect(state: ServerState, job: Job) -> None:
-    async for output in _outputs(state, job):
-        job.text.append(output.new_text)
-        state.live[job.request_id].tokens_sent = output.num_output_tokens
-        if output.finished:
-            job.final = output
-    if job.final is None:
-        raise APIError("The engine ended the request without a final output.")
-    failure = _finish_error(state, job, job.final)
-    if failure is not None:
-        job.error = failure
-        raise failure
+    async with aclosing(_all_outputs(state, job)) as outputs:
+        async for choice, output in outputs:
+            choice.text.append(output.new_text)
+            if output.logprobs:
+                choice.logprobs.extend(output.logprobs)
+            _track(state, job, choice, output)
+    for choice in job.choices:
+        if choice.final is None:
+            raise APIError("The engine ended the request without a final output.")
+        failure = _finish_error(state, job, choice.final)
+        if failure is not None:
+            job.error = failure
+            raise failure
+
+
+def _response(state: ServerState, job: Job) -> dict:
+    formatter, echo = state.logprob_formatter, job.echo or ""
+    choices = []
+    for choice in job.choices:
+        finish = choice.final.finish_reason.value if choice.final.finish_reason else "stop"
+        text = "".join(choice.text)
+        if job.operation == CHAT:
+            logprobs = formatter.chat(choice.logprobs) if job.logprobs else None
+            choices.append(p.chat_choice(choice.index, text, finish, logprobs))
+        else:
+            logprobs = formatter.completion(choice.logprobs, len(echo))[0] if job.logprobs else None
+            choices.append(p.completion_choice(choice.index, echo + text, finish, logprobs))
+    if job.operation == CHAT:
+        return p.chat_response(job.request_id, state.model_name, job.created, choices, _usage(job))
+    return p.completion_body(job.request_id, state.model_name, job.created, choices, _usage(job))
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -266,28 +337,38 @@ async def stream(state: ServerState, job: Job) -> StreamingResponse:
 
 async def _events(state: ServerState, job: Job) -> AsyncIterator[str]:
     """SSE events; any failure after the first byte becomes an error event, then [DONE]."""
-    model, live = state.model_name, state.live[job.request_id]
+    model = state.model_name
+    # One plain choice: text chunks from a template (one string encoded per token, not a dict).
+    plain = len(job.choices) == 1 and not job.logprobs
     head, tail = text_event_template(job.operation, job.request_id, model, job.created)
-    if job.operation == CHAT:
-        yield sse(p.chat_chunk(job.request_id, model, job.created, {"role": "assistant", "content": ""}, None))
-    finished = False
+    for choice in job.choices:
+        if job.operation == CHAT:
+            yield sse(p.chat_chunk(job.request_id, model, job.created, {"role": "assistant", "content": ""}, None,
+                                   index=choice.index))
+        elif job.echo:
+            yield sse(p.completion_response(job.request_id, model, job.created, job.echo, None, None,
+                                            index=choice.index))
+            choice.text_offset = len(job.echo)
     try:
-        async for out in _outputs(state, job):
-            live.tokens_sent = out.num_output_tokens
-            if out.finished:
-                finished, job.final = True, out
-                failure = _finish_error(state, job, out)
-                if failure is not None:
-                    raise failure
-            finish = out.finish_reason.value if out.finished and out.finish_reason else None
-            if finish is not None:
-                yield sse(_chunk(job, model, out.new_text, finish))
-            elif out.new_text:
-                yield head + json.dumps(out.new_text) + tail
+        async with aclosing(_all_outputs(state, job)) as outputs:
+            async for choice, out in outputs:
+                _track(state, job, choice, out)
+                if out.finished:
+                    failure = _finish_error(state, job, out)
+                    if failure is not None:
+                        raise failure
+                finish = out.finish_reason.value if out.finished and out.finish_reason else None
+                if plain and finish is None:
+                    if out.new_text:
+                        yield head + json.dumps(out.new_text) + tail
+                    continue
+                logprobs = _chunk_logprobs(state, job, choice, out)
+                if finish is not None or out.new_text or logprobs is not None:
+                    yield sse(_chunk(job, model, choice, out.new_text, finish, logprobs))
         if job.include_usage:
             yield sse(_usage_chunk(job, model))
     except (asyncio.CancelledError, GeneratorExit):
-        if not finished:
+        if not job.is_finished:
             state.abort(job.request_id, AbortReason.CLIENT_DISCONNECT)
         raise
     except Exception as exc:  # noqa: BLE001 - every failure must end the stream cleanly
@@ -302,17 +383,27 @@ async def _events(state: ServerState, job: Job) -> AsyncIterator[str]:
     yield sse("[DONE]")
 
 
-def _chunk(job: Job, model: str, text: str, finish: str | None) -> dict:
+def _chunk_logprobs(state: ServerState, job: Job, choice: Choice, out: RequestOutput) -> dict | None:
+    if not job.logprobs or not out.logprobs:
+        return None
     if job.operation == CHAT:
-        return p.chat_chunk(job.request_id, model, job.created, {"content": text}, finish)
-    return p.completion_response(job.request_id, model, job.created, text, finish, None)
+        return state.logprob_formatter.chat(out.logprobs)
+    body, choice.text_offset = state.logprob_formatter.completion(out.logprobs, choice.text_offset)
+    return body
+
+
+def _chunk(job: Job, model: str, choice: Choice, text: str, finish: str | None, logprobs: dict | None) -> dict:
+    if job.operation == CHAT:
+        return p.chat_chunk(job.request_id, model, job.created, {"content": text}, finish, index=choice.index,
+                            logprobs=logprobs)
+    return p.completion_response(job.request_id, model, job.created, text, finish, None, index=choice.index,
+                                 logprobs=logprobs)
 
 
 def _usage_chunk(job: Job, model: str) -> dict:
     if job.operation == CHAT:
-        return p.chat_chunk(job.request_id, model, job.created, None, None, _usage(job.final))
-    return p.completion_response(job.request_id, model, job.created, "", None, _usage(job.final),
-                                 with_choice=False)
+        return p.chat_chunk(job.request_id, model, job.created, None, None, _usage(job))
+    return p.completion_response(job.request_id, model, job.created, "", None, _usage(job), with_choice=False)
 
 
 def _trace(state: ServerState, job: Job) -> None:

@@ -12,6 +12,7 @@ from engine.obs.tracing import RequestTracer
 
 if TYPE_CHECKING:
     from engine.core.async_engine import AsyncEngine
+    from engine.server.logprobs import LogprobFormatter
 
 MiB = 1 << 20
 
@@ -44,6 +45,7 @@ class LiveRequest:
     stream: bool
     tokens_sent: int = 0
     abort_reason: str | None = None
+    engine_ids: list[str] = field(default_factory=list)  # its choices' engine requests (the id itself if one)
 
 
 @dataclass(slots=True)
@@ -62,6 +64,7 @@ class ServerState:
     num_drained: int = 0
     num_drain_aborted: int = 0
     fatal: bool = False
+    logprob_formatter: "LogprobFormatter | None" = None  # token text for logprobs, set by build_state
     on_fatal: Callable[[], None] | None = None  # set by the runner; called (any thread) when the engine dies
 
     @property
@@ -78,6 +81,7 @@ class ServerState:
         if live is None or live.abort_reason is not None:
             return
         live.abort_reason = reason
-        self.engine.abort(request_id)
+        for engine_id in live.engine_ids or [request_id]:
+            self.engine.abort(engine_id)
         self.log.emit("request.aborted", "warning", request_id, reason=reason,
                       tokens_sent=live.tokens_sent, elapsed_s=time.monotonic() - live.start_ts)

@@ -22,9 +22,28 @@ def _vllm(**kwargs) -> Scenario:
 
 
 VLLM_SCENARIOS: list[Scenario] = [
+    # The fast subset (ci=True) first: make test's CI runs it after the unit tests.
     _vllm(name="healthy", summary="steady load well within capacity: nothing fires, triage finds nothing",
           engine_flags=_LOG, phases=[LoadPhase("steady", users=2, run_time_s=20, extra_args=_STEADY)],
           ci=True, probe_dashboards=True),
+    _vllm(name="client-abort", summary="clients cancel their streams after a few tokens",
+          # vllm:request_success_total{finished_reason="abort"} stays 0: the adapter derives aborts
+          # from the HTTP server's 2xx count less the finished requests.
+          engine_flags=_LOG,
+          phases=[LoadPhase("abort", users=2, run_time_s=20, extra_args=["--output-tokens", "128", "--prompt-tokens", "64"])],
+          expected_alerts=[["LLMStreamAbortsHigh"]], expected_finding="stream-cut-client-disconnect", ci=True),
+    _vllm(name="gateway-timeout",
+          summary="nginx proxy_read_timeout 1s, but a non-streamed 400-token answer takes vLLM several seconds",
+          engine_flags=_LOG, proxy_read_timeout_s=1.0,
+          phases=[LoadPhase("steady", users=2, run_time_s=20,
+                            extra_args=["--no-stream", "--output-tokens", "400", "--prompt-tokens", "64"])],
+          expected_alerts=[["LLMStreamAbortsHigh", "LLMErrorRateHigh"]], expected_finding="stream-cut-gateway-timeout",
+          ci=True),
+    _vllm(name="engine-crash",
+          summary="the engine core process (VLLM::EngineCore) is SIGKILLed mid-load: EngineDeadError, the server exits",
+          engine_flags=_LOG, faults=[Fault("kill-engine-core", at_s=8.0)],
+          phases=[LoadPhase("steady", users=2, run_time_s=20, extra_args=_STEADY)],
+          expected_alerts=[["LLMEngineDown"]], expected_finding="engine-crash", ci=True),
     _vllm(name="kv-pressure",
           summary="8 KV blocks of 128 tokens (1024 tokens) for 4 streams of 32+300 tokens: preemptions",
           # vLLM 0.32's stats line never prints Preemptions:, so vllm:num_preemptions_total is the one trace.
@@ -41,19 +60,6 @@ VLLM_SCENARIOS: list[Scenario] = [
           phases=[LoadPhase("poisson", users=16, run_time_s=30,
                             extra_args=["--rate", "8", "--max-concurrency", "16", *_STEADY])],
           expected_alerts=[["LLMRequestsRejected"]], expected_finding="queue-backlog"),
-    _vllm(name="client-abort", summary="clients cancel their streams after a few tokens",
-          # vllm:request_success_total{finished_reason="abort"} stays 0: the adapter derives aborts
-          # from the HTTP server's 2xx count less the finished requests.
-          engine_flags=_LOG,
-          phases=[LoadPhase("abort", users=2, run_time_s=20, extra_args=["--output-tokens", "128", "--prompt-tokens", "64"])],
-          expected_alerts=[["LLMStreamAbortsHigh"]], expected_finding="stream-cut-client-disconnect", ci=True),
-    _vllm(name="gateway-timeout",
-          summary="nginx proxy_read_timeout 1s, but a non-streamed 400-token answer takes vLLM several seconds",
-          engine_flags=_LOG, proxy_read_timeout_s=1.0,
-          phases=[LoadPhase("steady", users=2, run_time_s=20,
-                            extra_args=["--no-stream", "--output-tokens", "400", "--prompt-tokens", "64"])],
-          expected_alerts=[["LLMStreamAbortsHigh", "LLMErrorRateHigh"]], expected_finding="stream-cut-gateway-timeout",
-          ci=True),
     _vllm(name="proxy-buffering",
           summary="nginx proxy_buffering on with gzip on event streams (vLLM sends no X-Accel-Buffering): clients wait",
           engine_flags=_LOG, proxy_buffering=True, min_client_ttft_ratio=3.0,
@@ -73,11 +79,6 @@ VLLM_SCENARIOS: list[Scenario] = [
                   LoadPhase("dynamic-prefix", users=2, run_time_s=30,
                             extra_args=[*_STEADY, "--prefix-tokens", "256", "--block-size", "128"])],
           expected_alerts=[["LLMPrefixCacheHitRateLow"]], expected_finding="cache-miss", expected_cause="dynamic-prefix"),
-    _vllm(name="engine-crash",
-          summary="the engine core process (VLLM::EngineCore) is SIGKILLed mid-load: EngineDeadError, the server exits",
-          engine_flags=_LOG, faults=[Fault("kill-engine-core", at_s=8.0)],
-          phases=[LoadPhase("steady", users=2, run_time_s=20, extra_args=_STEADY)],
-          expected_alerts=[["LLMEngineDown"]], expected_finding="engine-crash", ci=True),
     _vllm(name="replica-down", summary="two vLLM replicas behind nginx, one killed mid-load; traffic continues",
           engine_flags=_LOG, num_replicas=2, faults=[Fault("kill-replica", at_s=8.0, replica=1)],
           phases=[LoadPhase("steady", users=4, run_time_s=20, extra_args=_STEADY)],

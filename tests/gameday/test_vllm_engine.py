@@ -16,8 +16,8 @@ from gameday.procs import ProcSpec, Supervisor
 from gameday.scenarios_vllm import VLLM_SCENARIOS
 from gameday.vllm import _session_processes, engine_core_pid
 
-VLLM_NAMES = ["healthy", "kv-pressure", "admission-overload", "client-abort", "gateway-timeout",
-              "proxy-buffering", "context-overflow", "dynamic-prefix", "engine-crash", "replica-down"]
+VLLM_NAMES = ["healthy", "client-abort", "gateway-timeout", "engine-crash", "kv-pressure", "admission-overload",
+              "proxy-buffering", "context-overflow", "dynamic-prefix", "replica-down"]
 
 
 def test_list_engine_vllm_names_every_vllm_scenario(capsys):
@@ -33,7 +33,7 @@ def test_list_engine_vllm_names_every_vllm_scenario(capsys):
 def test_unknown_vllm_scenario_is_one_line(capsys):
     assert main(["run", "--engine", "vllm", "runtime-oom"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("gameday: error: unknown scenario 'runtime-oom' on vllm; known: healthy, kv-pressure")
+    assert err.startswith("gameday: error: unknown scenario 'runtime-oom' on vllm; known: healthy, client-abort")
     assert len(err.strip().splitlines()) == 1
 
 

@@ -63,6 +63,9 @@ class Wanted:
         self.by_kind: dict[str, list] = {}
         for need in needs or ():
             self.by_kind.setdefault(need.kind, []).append(need)
+        # (kind, source) that some Need takes whole: no field of the line to look at
+        self.plain = {(n.kind, engine_json.SOURCE) for n in needs or () if not n.fields and not n.at_least
+                      and n.takes_source(engine_json.SOURCE)}
         literals: set[str] = set(STATE_KEYWORDS)
         regexes: set[str] = set()
         for kind, source, words, patterns in MAKES:
@@ -99,7 +102,7 @@ class Wanted:
     def takes_json(self, kind: str, source: str, line: str) -> bool:
         """Whether a rule reads the event of this undecoded JSON line (kind and source known): a Need
         takes it when the line has every field it names, and every number it bounds is not below."""
-        if self.everything:
+        if self.everything or (kind, source) in self.plain:
             return True
         for need in self.by_kind.get(kind, ()):
             if not need.takes_source(source) or not all(f'"{f}":' in line for f in need.fields):

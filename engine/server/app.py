@@ -14,8 +14,9 @@ from engine.server import protocol as p
 from engine.server.builder import package_version
 from engine.server.errors import APIError, BadRequest, NotFound, map_exception
 from engine.server.middleware import ObservedASGI
-from engine.server.serving import CHAT, COMPLETION, admit, complete, stream
+from engine.server.serving import CHAT, COMPLETION, admit, complete
 from engine.server.state import ServerState
+from engine.server.streaming import stream
 
 ERROR_RESPONSES = {
     status: {"description": desc, "content": {"application/json": {"schema": {

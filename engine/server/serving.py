@@ -1,7 +1,6 @@
-"""Completion handling: request → prompt ids and SamplingParams → engine → JSON body or SSE stream."""
+"""Completion handling: request → prompt ids and SamplingParams → engine → outputs → JSON body."""
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -9,9 +8,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
-from engine import errors
 from engine.core.outputs import FinishReason, RequestOutput, TokenLogprob
 from engine.core.sampling import SamplingParams
 from engine.obs.tracing import SpanInfo
@@ -29,7 +27,6 @@ from engine.server.errors import (
 from engine.server.state import AbortReason, LiveRequest, ServerState
 
 CHAT, COMPLETION = "chat", "text_completion"
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @dataclass(slots=True)
@@ -74,29 +71,6 @@ class Job:
     @property
     def is_finished(self) -> bool:
         return all(c.final is not None for c in self.choices)
-
-
-def sse(data: dict | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-_TEXT_MARK = "\x00text\x00"
-
-
-def text_event_template(operation: str, request_id: str, model: str, created: int) -> tuple[str, str]:
-    """The SSE event of a mid-stream text chunk, split around its JSON-encoded text.
-
-    Cut from the event the dict builders make, so `head + json.dumps(text) + tail` is that event
-    byte for byte (a string encodes the same alone or inside a dict) for the cost of encoding
-    one string per token, not a nested dict.
-    """
-    if operation == CHAT:
-        body = p.chat_chunk(request_id, model, created, {"content": _TEXT_MARK}, None)
-    else:
-        body = p.completion_response(request_id, model, created, _TEXT_MARK, None, None)
-    head, mark, tail = sse(body).partition(json.dumps(_TEXT_MARK))
-    assert mark, "the text marker must appear in the chunk"
-    return head, tail
 
 
 def admit(state: ServerState, request: Request, body, operation: str) -> Job:
@@ -197,7 +171,7 @@ async def _outputs(state: ServerState, job: Job, choice: Choice) -> AsyncIterato
         await choice.gen.aclose()
 
 
-async def _all_outputs(state: ServerState, job: Job) -> AsyncIterator[tuple[Choice, RequestOutput]]:
+async def all_outputs(state: ServerState, job: Job) -> AsyncIterator[tuple[Choice, RequestOutput]]:
     """Every choice's outputs as they come; the first failure of any choice raises (the rest are closed)."""
     if len(job.choices) == 1:
         choice = job.choices[0]
@@ -235,7 +209,7 @@ async def _all_outputs(state: ServerState, job: Job) -> AsyncIterator[tuple[Choi
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _finish_error(state: ServerState, job: Job, output: RequestOutput) -> APIError | None:
+def finish_error(state: ServerState, job: Job, output: RequestOutput) -> APIError | None:
     """An exception for a request the engine finished with abort or error, else None."""
     if output.finish_reason is FinishReason.ERROR:
         return APIError("The engine failed while processing this request.", code="engine_error")
@@ -251,7 +225,7 @@ def _finish_error(state: ServerState, job: Job, output: RequestOutput) -> APIErr
     return None
 
 
-def _usage(job: Job) -> dict:
+def usage_of(job: Job) -> dict:
     """Prompt tokens once (the choices share the prompt), completion tokens of every choice."""
     first = job.final
     if first is None:
@@ -260,7 +234,7 @@ def _usage(job: Job) -> dict:
     return p.usage(first.num_prompt_tokens, num_completion, first.num_cached_tokens)
 
 
-def _track(state: ServerState, job: Job, choice: Choice, output: RequestOutput) -> None:
+def track_output(state: ServerState, job: Job, choice: Choice, output: RequestOutput) -> None:
     choice.num_tokens = output.num_output_tokens
     live = state.live.get(job.request_id)
     if live is not None:
@@ -287,22 +261,22 @@ async def complete(state: ServerState, request: Request, job: Job) -> JSONRespon
         collect.result()
     finally:
         watcher.cancel()
-        _trace(state, job)
+        record_trace(state, job)
         state.live.pop(job.request_id, None)
     return JSONResponse(_response(state, job))
 
 
 async def _collect(state: ServerState, job: Job) -> None:
-    async with aclosing(_all_outputs(state, job)) as outputs:
+    async with aclosing(all_outputs(state, job)) as outputs:
         async for choice, output in outputs:
             choice.text.append(output.new_text)
             if output.logprobs:
                 choice.logprobs.extend(output.logprobs)
-            _track(state, job, choice, output)
+            track_output(state, job, choice, output)
     for choice in job.choices:
         if choice.final is None:
             raise APIError("The engine ended the request without a final output.")
-        failure = _finish_error(state, job, choice.final)
+        failure = finish_error(state, job, choice.final)
         if failure is not None:
             job.error = failure
             raise failure
@@ -321,8 +295,8 @@ def _response(state: ServerState, job: Job) -> dict:
             logprobs = formatter.completion(choice.logprobs, len(echo))[0] if job.logprobs else None
             choices.append(p.completion_choice(choice.index, echo + text, finish, logprobs))
     if job.operation == CHAT:
-        return p.chat_response(job.request_id, state.model_name, job.created, choices, _usage(job))
-    return p.completion_body(job.request_id, state.model_name, job.created, choices, _usage(job))
+        return p.chat_response(job.request_id, state.model_name, job.created, choices, usage_of(job))
+    return p.completion_body(job.request_id, state.model_name, job.created, choices, usage_of(job))
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -330,83 +304,7 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
-async def stream(state: ServerState, job: Job) -> StreamingResponse:
-    await start(state, job)
-    return StreamingResponse(_events(state, job), media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-async def _events(state: ServerState, job: Job) -> AsyncIterator[str]:
-    """SSE events; any failure after the first byte becomes an error event, then [DONE]."""
-    model = state.model_name
-    # One plain choice: text chunks from a template (one string encoded per token, not a dict).
-    plain = len(job.choices) == 1 and not job.logprobs
-    head, tail = text_event_template(job.operation, job.request_id, model, job.created)
-    for choice in job.choices:
-        if job.operation == CHAT:
-            yield sse(p.chat_chunk(job.request_id, model, job.created, {"role": "assistant", "content": ""}, None,
-                                   index=choice.index))
-        elif job.echo:
-            yield sse(p.completion_response(job.request_id, model, job.created, job.echo, None, None,
-                                            index=choice.index))
-            choice.text_offset = len(job.echo)
-    try:
-        async with aclosing(_all_outputs(state, job)) as outputs:
-            async for choice, out in outputs:
-                _track(state, job, choice, out)
-                if out.finished:
-                    failure = _finish_error(state, job, out)
-                    if failure is not None:
-                        raise failure
-                finish = out.finish_reason.value if out.finished and out.finish_reason else None
-                if plain and finish is None:
-                    if out.new_text:
-                        yield head + json.dumps(out.new_text) + tail
-                    continue
-                logprobs = _chunk_logprobs(state, job, choice, out)
-                if finish is not None or out.new_text or logprobs is not None:
-                    yield sse(_chunk(job, model, choice, out.new_text, finish, logprobs))
-        if job.include_usage:
-            yield sse(_usage_chunk(job, model))
-    except (asyncio.CancelledError, GeneratorExit):
-        if not job.is_finished:
-            state.abort(job.request_id, AbortReason.CLIENT_DISCONNECT)
-        raise
-    except Exception as exc:  # noqa: BLE001 - every failure must end the stream cleanly
-        job.error = exc
-        if not isinstance(exc, APIError | errors.EngineError):
-            state.log.emit("engine.error", "error", job.request_id, phase="stream", exc_type=type(exc).__name__,
-                           message=str(exc), traceback=None, request_ids=[job.request_id], fatal=False)
-        yield sse(map_exception(exc).body)
-    finally:
-        _trace(state, job)
-        state.live.pop(job.request_id, None)
-    yield sse("[DONE]")
-
-
-def _chunk_logprobs(state: ServerState, job: Job, choice: Choice, out: RequestOutput) -> dict | None:
-    if not job.logprobs or not out.logprobs:
-        return None
-    if job.operation == CHAT:
-        return state.logprob_formatter.chat(out.logprobs)
-    body, choice.text_offset = state.logprob_formatter.completion(out.logprobs, choice.text_offset)
-    return body
-
-
-def _chunk(job: Job, model: str, choice: Choice, text: str, finish: str | None, logprobs: dict | None) -> dict:
-    if job.operation == CHAT:
-        return p.chat_chunk(job.request_id, model, job.created, {"content": text}, finish, index=choice.index,
-                            logprobs=logprobs)
-    return p.completion_response(job.request_id, model, job.created, text, finish, None, index=choice.index,
-                                 logprobs=logprobs)
-
-
-def _usage_chunk(job: Job, model: str) -> dict:
-    if job.operation == CHAT:
-        return p.chat_chunk(job.request_id, model, job.created, None, None, _usage(job))
-    return p.completion_response(job.request_id, model, job.created, "", None, _usage(job), with_choice=False)
-
-
-def _trace(state: ServerState, job: Job) -> None:
+def record_trace(state: ServerState, job: Job) -> None:
     if state.tracer is None or job.span is None:
         return
     out = job.final

@@ -18,7 +18,8 @@ from engine.obs.tracing import RequestTracer, SpanInfo, make_tracer_provider
 from engine.server import protocol as p
 from engine.server.cli import torch_threads
 from engine.server.errors import APIError, BodyTooLarge, NotReady, RequestTimeout, map_exception
-from engine.server.serving import CHAT, COMPLETION, sse, text_event_template
+from engine.server.serving import CHAT, COMPLETION
+from engine.server.streaming import sse, text_event_template
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -112,7 +112,7 @@ class Wanted:
         return False
 
 
-_EVERYTHING = Wanted()
+_EVERYTHING: list[Wanted] = []  # Wanted() for parsers made alone, built at the first one (not at import)
 
 
 class FileParser:
@@ -120,7 +120,11 @@ class FileParser:
 
     def __init__(self, file: str, wanted: Wanted | None = None):
         self.file = file
-        self.wanted = wanted or _EVERYTHING
+        if wanted is None:
+            if not _EVERYTHING:
+                _EVERYTHING.append(Wanted())
+            wanted = _EVERYTHING[0]
+        self.wanted = wanted
         self.frames: list[str] = []
         self.csv: client.CsvRecords | None = None
         self.exposition = False

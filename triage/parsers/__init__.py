@@ -184,7 +184,14 @@ class FileParser:
                 return events
         ev = self._structured(head, lineno, line)
         if ev is not None:
-            return [ev] if isinstance(ev, Event) else []
+            if not isinstance(ev, Event):
+                return []
+            if ev.kind == "http.access" and ev.fields.get("status") == 503:
+                # a refusal: the gateway's own flags may say why (HAProxy sQ, Envoy UO: the catalog's
+                # whole-line entries)
+                return [ev, *(e for e in self._signature_events(ev.ts, "", ev.source, lineno, line)
+                              if e.kind == "queue.full")]
+            return [ev]
         return self._text(lineno, line)
 
     def _json(self, lineno: int, line: str) -> list[Event] | None:

@@ -159,7 +159,9 @@ def parse_haproxy(line: str, file: str, lineno: int) -> Event | None:
     term = m.group("term")
     timers = m.group("timers").split("/")
     total_ms = _f(timers[-1].lstrip("+")) if timers else None
-    cut = {"s": "timeout", "c": "client", "C": "client", "S": "upstream_failed"}.get(term[0])
+    # the second letter is the session's state then: Q, still waiting in the server queue (maxconn), is
+    # admission under overload (the catalog's haproxy-queue-timeout), not a stream the gateway cut
+    cut = None if term[1:2] == "Q" else {"s": "timeout", "c": "client", "C": "client", "S": "upstream_failed"}.get(term[0])
     fields = {"client": m.group("client"), "request": m.group("request"), "status": int(m.group("status")),
               "bytes": int(m.group("bytes")), "duration_s": total_ms / 1000 if total_ms and total_ms > 0 else None,
               "upstream_s": None, "upstream_addr": m.group("backend"), "flags": term, "cut": cut}

@@ -8,7 +8,9 @@ nginx (`proxy_buffering off`), and llmserve itself (its built-in model: no fixed
 the comparison with the reference). For every server and user count the reference
 (bench/reference/plain_locustfile.py: HttpUser, post(stream=True), iter_lines()) and loadgen run one after the
 other, the same length, in alternating order. Printed per row: TTFT, ITL and TPOT p50 and p99 of
-loadgen minus the schedule and minus the reference, and both request counts. Targets: p50 within
+loadgen minus the schedule and minus the reference, both request counts, each client's CPU per
+request (start-up and report included) and each client's drift (its TTFT p50 minus the server's own
+TTFT p50 over the same streams: what the client added). Targets: p50 within
 2 ms of the reference, p99 within 20 ms, counts within 5%. Last line: one JSON object.
 
     python bench/loadgen_fidelity.py [--quick] [--run-time-s 8] [--servers stdlib,aiohttp] [--users 1,20,100]
@@ -43,6 +45,7 @@ from fidelity_harness import (  # noqa: E402
 TTFT_MS, ITL_MS, NUM_TOKENS = 150.0, 20.0, 32
 LLMSERVE_TOKENS = 8  # the built-in model on CPU: 32 tokens for 100 users outlast a short run
 TARGET_P50_MS, TARGET_P99_MS, TARGET_COUNT = 2.0, 20.0, 0.05
+REFERENCE_PROMPT = "tell me a story"  # bench/reference/plain_locustfile.py's
 SERVERS = ("stdlib", "aiohttp", "starlette", "nginx", "llmserve")
 
 
@@ -127,8 +130,11 @@ def main() -> int:
     run_time_s = 4.0 if args.quick else args.run_time_s
     rows, load_before = [], os.getloadavg()
     print("server       users  lg/ref n      TTFT p50 -sched -ref  p99 -ref | ITL p50 -sched -ref  p99 -ref | "
-          "TPOT p50 -ref  p99 -ref | CPU ms/req lg ref", flush=True)
+          "TPOT p50 -ref  p99 -ref | CPU ms/req lg ref | drift lg ref", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
+        dataset = Path(tmp) / "reference-prompt.json"
+        dataset.write_text(json.dumps([{"conversations": [{"from": "human", "value": REFERENCE_PROMPT},
+                                                          {"from": "gpt", "value": "a story"}]}]))
         for kind in servers:
             server = start(kind, Path(tmp) / kind)
             try:
@@ -138,23 +144,33 @@ def main() -> int:
                     order = ("reference", "loadgen") if i % 2 == 0 else ("loadgen", "reference")
                     samples = {}
                     tokens = LLMSERVE_TOKENS if kind == "llmserve" else NUM_TOKENS
+                    server_ttft = {}
                     for client in order:
+                        seen = len(server.stats()["server_ttft_s"]) if kind != "llmserve" else 0
                         if client == "reference":
                             os.environ["LOADGEN_REFERENCE_TOKENS"] = str(tokens)
                             samples[client] = reference_samples(run_reference(server.url, users, run_time_s, work))
-                        else:  # prompts about as long as the reference's 4 words
+                        else:  # the reference's very prompt (llmserve's prefix cache then serves both alike)
                             samples[client] = loadgen_samples(run_loadgen(server.url, users, run_time_s, work,
-                                                                          tokens, ["--prompt-tokens", "4"]))
+                                                                          tokens, ["--dataset", str(dataset)]))
                         time.sleep(1.0)  # the server's last streams end before the next run starts
+                        if kind != "llmserve":  # the server's own TTFT over this client's streams
+                            server_ttft[client] = server.stats()["server_ttft_s"][seen:]
                     row = {"server": server.kind, "users": users,
                            **compare(samples["loadgen"], samples["reference"], kind != "llmserve")}
+                    for client, values in server_ttft.items():  # client drift: client TTFT minus the server's
+                        mine = pct_ms(samples[client]["ttft"], 50)
+                        own = pct_ms(values, 50)
+                        row[f"server_ttft_p50_ms_{client}"] = own
+                        row[f"{client}_drift_p50_ms"] = mine - own if mine is not None and own is not None else None
                     rows.append(row)
                     print(f"{server.kind:12s} {users:5d} {row['loadgen_requests']:5d}/{row['reference_requests']:<5d} "
                           f"{fmt(row['ttft_p50_minus_schedule_ms'])} {fmt(row['ttft_p50_minus_reference_ms'])} "
                           f"{fmt(row['ttft_p99_minus_reference_ms'])} | {fmt(row['itl_p50_minus_schedule_ms'])} "
                           f"{fmt(row['itl_p50_minus_reference_ms'])} {fmt(row['itl_p99_minus_reference_ms'])} | "
                           f"{fmt(row['tpot_p50_minus_reference_ms'])} {fmt(row['tpot_p99_minus_reference_ms'])} | "
-                          f"{fmt(row['loadgen_cpu_ms_per_request'])} {fmt(row['reference_cpu_ms_per_request'])}"
+                          f"{fmt(row['loadgen_cpu_ms_per_request'])} {fmt(row['reference_cpu_ms_per_request'])} | "
+                          f"{fmt(row.get('loadgen_drift_p50_ms'))} {fmt(row.get('reference_drift_p50_ms'))}"
                           f"  {'ok' if row['meets_targets'] else 'MISSES'}", flush=True)
             finally:
                 server.stop()

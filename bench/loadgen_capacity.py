@@ -70,6 +70,7 @@ def run_level(port: int, users: int, duration_s: int, num_tokens: int, report_di
     lags = requests.get(f"http://127.0.0.1:{port}/stats", timeout=10).json()["first_token_lag_s"]
     return {"users": users, "processes": processes, "requests": summary["num_succeeded"],
             "failed": summary["num_failed"], "client_cpu_warning": summary.get("client_cpu_warning", False),
+            "client_loop_lag_p99_ms": (summary.get("client_loop_lag_p99_s") or 0.0) * 1000,
             "ttft_p50_ms": summary["ttft_s"]["p50"] * 1000, "ttft_p90_ms": summary["ttft_s"]["p90"] * 1000,
             "itl_p50_ms": summary["itl_s"]["p50"] * 1000,
             "server_lag_p50_ms": statistics.median(lags) * 1000 if lags else 0.0, "locust_cpu_s": cpu_s}
@@ -86,7 +87,8 @@ def sweep(port: int, args, levels: list[int], duration_s: int, processes: int) -
         results.append(level)
         print(f"processes={processes} users={users:4d} requests={level['requests']:6d} "
               f"ttft_p50={level['ttft_p50_ms']:.2f} ms server_lag={level['server_lag_p50_ms']:.2f} ms "
-              f"client_drift={level['client_drift_ms']:.2f} ms cpu_warning={level['client_cpu_warning']}",
+              f"client_drift={level['client_drift_ms']:.2f} ms cpu_warning={level['client_cpu_warning']} "
+              f"loop_lag_p99={level['client_loop_lag_p99_ms']:.1f} ms",
               flush=True)
         if level["failed"]:
             break

@@ -77,6 +77,7 @@ def _on_test_start(environment, **kwargs):
         environment.parsed_options.loadgen_profile = STATE.config.profile
     if not isinstance(environment.runner, MasterRunner):
         _resolve_early(environment)
+        STATE.loop_lag.start()
 
 
 def _resolve_early(environment) -> None:
@@ -96,6 +97,7 @@ def _resolve_early(environment) -> None:
 def _on_test_stop(environment, **kwargs):
     if STATE is None:
         return
+    STATE.loop_lag.stop()
     if isinstance(environment.runner, WorkerRunner):
         environment.runner.send_message(runtime.RECORDS_MESSAGE, STATE.take_unsent(final=True))
         return

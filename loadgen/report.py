@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from loadgen.looplag import OVERLOADED_P99_S
 from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
 
 SUMMARY_JSON = "loadgen_summary.json"
@@ -43,6 +44,7 @@ class RunInfo:
     stream: bool = True  # False under --no-stream: no TTFT, ITL or TPOT can be measured
     client_cpu_warning: bool = False  # Locust warned that a client process ran above 90% CPU
     max_client_cpu_percent: float | None = None  # the highest CPU share Locust measured in a client process
+    client_loop_lag_p99_s: float | None = None  # how late the client's loop ran a timer, p99 (worst process)
 
 
 def distribution(values: list[float]) -> dict:
@@ -129,6 +131,8 @@ def summarize(records: list[RequestRecord], info: RunInfo) -> dict:
         "prefix_cache": prefix_cache_section(ok, info),
         "client_cpu_warning": info.client_cpu_warning,
         "max_client_cpu_percent": info.max_client_cpu_percent,
+        "client_loop_lag_p99_s": info.client_loop_lag_p99_s,
+        "client_overloaded": info.client_cpu_warning or (info.client_loop_lag_p99_s or 0.0) > OVERLOADED_P99_S,
     }
 
 
@@ -218,6 +222,11 @@ def _warnings(s: dict) -> list[str]:
                      + (f" (peak {peak:.0f}%)" if peak is not None else "")
                      + ". Latencies include time streams waited for the client: run more processes "
                      "(--processes N) before reading them as the server's.")
+    lag = s.get("client_loop_lag_p99_s")
+    if lag is not None and lag > OVERLOADED_P99_S:
+        notes.append(f"- **The client fell behind**: its event loop ran timers {lag * 1000:.1f} ms late at p99 "
+                     f"(over {OVERLOADED_P99_S * 1000:.0f} ms), so reads of every stream waited as long; TTFT and "
+                     "ITL include that wait. Run more processes (--processes N) or give the client its own CPUs.")
     if s["output_tokens_estimated"]:
         notes.append(f"- **Output tokens estimated** for {s['output_tokens_source']['chunks']} requests: the server "
                      "sent no usage, so tokens were counted as content chunks; TPOT and token throughput are "

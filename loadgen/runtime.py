@@ -14,6 +14,7 @@ from gevent.lock import Semaphore
 from locust.runners import MasterRunner, WorkerRunner
 
 from loadgen.clientlog import ClientLog, ClientLogError
+from loadgen.looplag import LoopLag
 from loadgen.options import ConfigError, LoadgenConfig, config_from_options
 from loadgen.profiles import ArrivalSchedule
 from loadgen.prompts import Calibration, DatasetError, PromptSettings, load_sharegpt, shared_prefix_text
@@ -62,6 +63,13 @@ class LoadgenState:
         self.final_worker_ids: set[str] = set()  # master: workers whose last records arrived
         self.cpu_warning = False  # Locust warned of a client process above 90% CPU (this one or a worker)
         self.max_cpu_percent: float | None = None
+        self.loop_lag = LoopLag()
+        self.worker_lag_p99_s: float | None = None  # master: the worst p99 a worker reported
+
+    def loop_lag_p99_s(self) -> float | None:
+        """The worst loop lateness (p99) of this process and every worker heard from."""
+        values = [v for v in (self.loop_lag.p99_s(), self.worker_lag_p99_s) if v is not None]
+        return max(values) if values else None
 
     def note_cpu(self, cpu_percent: float) -> None:
         self.cpu_warning = True
@@ -123,6 +131,7 @@ class LoadgenState:
         batch, self.unsent = self.unsent, []
         return {"records": [r.to_dict() for r in batch], "model": self.model, "final": final,
                 "cpu_warning": self.cpu_warning, "max_cpu_percent": self.max_cpu_percent,
+                "loop_lag_p99_s": self.loop_lag.p99_s(),
                 "tokens_per_word": self.calibration.tokens_per_word, "prefix_text": self.prefix_text}
 
     def merge(self, data: dict) -> None:
@@ -134,6 +143,8 @@ class LoadgenState:
         self.prefix_text = self.prefix_text or data.get("prefix_text")
         if data.get("cpu_warning"):
             self.note_cpu(data.get("max_cpu_percent") or 0.0)
+        if data.get("loop_lag_p99_s") is not None:
+            self.worker_lag_p99_s = max(data["loop_lag_p99_s"], self.worker_lag_p99_s or 0.0)
         self._dirty = self._dirty or bool(records)
 
     def reset(self) -> None:
@@ -152,7 +163,8 @@ class LoadgenState:
         info = RunInfo(profile=self.config.profile, endpoint=self.config.endpoint, host=host, model=self.model,
                        slo=self.config.slo.as_dict(), block_size=self.config.block_size,
                        shared_prefix_tokens=shared, stream=self.config.stream,
-                       client_cpu_warning=self.cpu_warning, max_client_cpu_percent=self.max_cpu_percent)
+                       client_cpu_warning=self.cpu_warning, max_client_cpu_percent=self.max_cpu_percent,
+                       client_loop_lag_p99_s=self.loop_lag_p99_s())
         try:
             summary = write_report(self.records, info, self.config.report_dir)
         except ReportError as exc:

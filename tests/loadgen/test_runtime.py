@@ -33,3 +33,24 @@ def test_no_warning_no_note(tmp_path):
     master = state(tmp_path)
     master.merge(state(tmp_path).take_unsent())
     assert (master.cpu_warning, master.max_cpu_percent) == (False, None)
+
+
+def test_loop_lag_sees_a_blocked_loop_and_the_report_says_the_client_fell_behind(tmp_path):
+    import time
+
+    import gevent
+
+    worker, master = state(tmp_path / "w"), state(tmp_path / "m")
+    worker.loop_lag.start()
+    gevent.sleep(0.12)
+    time.sleep(0.3)  # not gevent's: the whole loop stops, as under a CPU-bound or starved client
+    gevent.sleep(0.12)
+    worker.loop_lag.stop()
+    assert max(worker.loop_lag.lags_s) >= 0.25
+    master.merge(json.loads(json.dumps(worker.take_unsent(final=True))))
+    assert master.loop_lag_p99_s() == worker.loop_lag.p99_s() > 0.010
+    master.add(RequestRecord(request_id="r", worker="w", profile="steady", scheduled_unix=1.0, end_s=0.1))
+    master.write("http://h")
+    summary = json.loads((tmp_path / "m" / SUMMARY_JSON).read_text())
+    assert summary["client_overloaded"] is True and summary["client_cpu_warning"] is False
+    assert "**The client fell behind**: its event loop ran timers" in (tmp_path / "m" / SUMMARY_MD).read_text()

@@ -32,6 +32,7 @@ def _copy(src: Path, dest: Path) -> None:
 
 def copy_scenario(report: Path) -> Path:
     out = DEST / report.name
+    label = (out / "case.yaml").read_bytes() if (out / "case.yaml").exists() else None  # bench/triage_accuracy's
     if out.exists():
         shutil.rmtree(out)
     logs = report / "logs"
@@ -43,6 +44,8 @@ def copy_scenario(report: Path) -> Path:
             _copy(logs / "nginx" / name, out / "nginx" / name)
     for src in sorted((report / "metrics").glob("engine-*.txt")):
         _copy(src, out / "metrics" / src.name)
+    if label is not None:
+        (out / "case.yaml").write_bytes(label)
     result = json.loads((report / "result.json").read_text())
     (out / "expected.json").write_text(json.dumps({
         "scenario": result["name"], "verdict": result.get("verdict", "pass" if result["passed"] else "fail"),

@@ -263,6 +263,10 @@ def test_shutdown_errors_are_counter_evidence_of_a_real_crash(diagnose_json, tmp
     ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "engine.fatal"),
     ("Avg prompt throughput: 0.0 tokens/s, Running: 3 reqs, Swapped: 2 reqs, Pending: 0 reqs", "engine.preemption"),
     ("openai.RateLimitError: Error code: 429", "queue.full"),
+    ("vllm.exceptions.QueueOverflowError: The engine is currently busy and cannot accept new requests. Please try "
+     "again later or on a different instance.", "queue.full"),
+    ("vllm.exceptions.MaxQueuedTokensError: The engine has reached its prefill token backlog limit. Please try again "
+     "later or on a different instance.", "queue.full"),
     ("nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.4, please update your driver to a "
      "newer version, or use an earlier cuda container: unknown", "driver.mismatch"),
     ('{"message": "Endpoint request timed out"}', "gateway.upstream_timeout"),

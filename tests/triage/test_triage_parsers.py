@@ -232,3 +232,26 @@ def test_envoy_json_access_log():
     dc = ENVOY_JSON.replace('"response_code":504', '"response_code":"0"').replace('"UT"', '"DC"')
     assert FileParser("envoy.log").parse(2, dc)[0].fields["cut"] == "client"
     assert FileParser("envoy.log").parse(3, ENVOY_JSON.replace('"response_code":504', '"response_code":"x"')) == []
+
+
+def test_loadgen_error_text_is_checked_against_the_catalog():
+    """The server's message a client logs (vLLM's 400 body) names the cause as if the server had logged it;
+    the client's own kind of failure is not repeated by the catalog's client entries."""
+    text = ("2026-12-01T22:21:35.695Z ERROR loadgen request_id=loadgen-e3e339ee0bcf44c6 kind=http_status status=400 "
+            "elapsed_s=0.082 chunks=0 requests.exceptions.HTTPError: 400 Client Error: Bad Request for url: "
+            "http://127.0.0.1:47827/v1/chat/completions (This model's maximum context length is 512 tokens. However, "
+            "your prompt contains at least 513 input tokens, which exceeds this limit even without any output tokens. "
+            "Please reduce the length of the input prompt. (parameter=input_tokens, value=513))")
+    status, overflow = parse(text)
+    assert (status.kind, status.fields["status"]) == ("client.http_status", 400)
+    assert (overflow.kind, overflow.fields["max_model_len"], overflow.fields["requested"]) == (
+        "context.overflow", "512", "513")
+    assert (overflow.fields["request_id"], overflow.source, overflow.text) == ("loadgen-e3e339ee0bcf44c6", "loadgen", text)
+    busy = ('{"ts": "2026-12-01T22:05:20.248Z", "level": "ERROR", "logger": "loadgen", "request_id": "r1", '
+            '"kind": "error_event", "http_status": 200, "elapsed_s": 0.029, "chunks": 0, "error": "openai.APIError: '
+            'The engine is currently busy and cannot accept new requests. Please try again later or on a different '
+            'instance."}')
+    assert [e.kind for e in parse(busy)] == ["client.error_event", "queue.full"]
+    cut = ("2026-11-29T19:40:01.123Z ERROR loadgen request_id=a1 kind=stream_cut status=200 elapsed_s=1.204 "
+           "chunks=7 requests.exceptions.ChunkedEncodingError: Response ended prematurely")
+    assert [e.kind for e in parse(cut)] == ["client.stream_cut"]

@@ -191,6 +191,8 @@ class FileParser:
                 # whole-line entries)
                 return [ev, *(e for e in self._signature_events(ev.ts, "", ev.source, lineno, line)
                               if e.kind == "queue.full")]
+            if ev.source == "loadgen" and ev.fields.get("error"):
+                return [ev, *self._client_error_events(ev, lineno, line)]
             return [ev]
         return self._text(lineno, line)
 
@@ -212,6 +214,8 @@ class FileParser:
         if ev is None and "response_code" in obj:
             ev = gateways.parse_envoy_json(obj, self.file, lineno, line)
         if ev is not None:
+            if ev.source == "loadgen" and ev.fields.get("error"):
+                return [ev, *self._client_error_events(ev, lineno, line)]
             extra = self._signature_events(ev.ts, _message_of(obj), ev.source, lineno, line) if ev.kind in (
                 "engine.error", "request.rejected") else []
             return [ev, *extra]
@@ -277,6 +281,19 @@ class FileParser:
         if events and events[0].kind == "request.received":
             return events  # a logged prompt is user text: "CUDA out of memory" in it is a question, not an error
         events.extend(self._signature_events(ts, msg, source, lineno, line))
+        return events
+
+    def _client_error_events(self, ev: Event, lineno: int, line: str) -> list[Event]:
+        """The catalog's events in a client failure's error text: the server's own message comes back in
+        the response body a client logs (vLLM's 400 "maximum context length", its 503 "engine is currently
+        busy"), and is read as if the server had logged it. The events carry the client's request id. The
+        client's own kind of failure (cut, timeout, cancel) is the loadgen event's: the catalog's client.*
+        entries would only repeat it."""
+        events = [e for e in self._signature_events(ev.ts, ev.fields["error"], ev.source, lineno, ev.fields["error"])
+                  if not e.kind.startswith("client.")]
+        for e in events:
+            e.text = line
+            e.fields.setdefault("request_id", ev.fields.get("request_id"))
         return events
 
     def _signature_events(self, ts, msg: str, source: str, lineno: int, line: str) -> list[Event]:

@@ -130,25 +130,39 @@ class EvidenceSet:
         return [g.to_json() for g in ordered[:limit]]
 
 
+# One request under the names its hops give it: an OpenAI-compatible server answers the X-Request-Id a
+# client sent as "chatcmpl-<id>" (vLLM: "chatcmpl-" + the header; "cmpl-" for completions), so the client's
+# "<id>" and the engine's "chatcmpl-<id>" count once.
+_API_ID_PREFIXES = ("chatcmpl-", "cmpl-")
+
+
+def request_key(request_id: str) -> str:
+    for prefix in _API_ID_PREFIXES:
+        if request_id.startswith(prefix) and len(request_id) > len(prefix):
+            return request_id[len(prefix):]
+    return request_id
+
+
 class RequestIds:
-    """Affected requests: an exact count (bounded) and the first few ids."""
+    """Affected requests: an exact count (bounded) and the first few ids (the first name each was seen under)."""
 
     def __init__(self):
-        self.seen: set[str] = set()
+        self.seen: dict[str, str] = {}  # request_key -> id as logged
         self.num_anonymous = 0
 
     def add(self, request_id: str | None) -> None:
         if not request_id:
             self.num_anonymous += 1
         elif len(self.seen) < MAX_DISTINCT_IDS:
-            self.seen.add(str(request_id))
+            rid = str(request_id)
+            self.seen.setdefault(request_key(rid), rid)
 
     @property
     def count(self) -> int:
         return len(self.seen) + self.num_anonymous
 
     def listed(self) -> list[str]:
-        return sorted(self.seen)[:MAX_IDS]
+        return sorted(self.seen.values())[:MAX_IDS]
 
 
 @dataclass(slots=True)

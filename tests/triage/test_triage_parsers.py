@@ -255,3 +255,34 @@ def test_loadgen_error_text_is_checked_against_the_catalog():
     cut = ("2026-11-29T19:40:01.123Z ERROR loadgen request_id=a1 kind=stream_cut status=200 elapsed_s=1.204 "
            "chunks=7 requests.exceptions.ChunkedEncodingError: Response ended prematurely")
     assert [e.kind for e in parse(cut)] == ["client.stream_cut"]
+
+
+def test_vllm_internal_request_id_is_the_request_it_was_given():
+    """vLLM 0.11+ runs a request as '<id>-<8 hex>' (assign_request_id) and logs an abort under both names."""
+    from triage.parsers.text_logs import external_request_id
+    assert external_request_id("chatcmpl-loadgen-ef5e392b7f144045-9815e3a1") == "chatcmpl-loadgen-ef5e392b7f144045"
+    assert external_request_id("chatcmpl-bfa1a19b7f200be3-92964495") == "chatcmpl-bfa1a19b7f200be3"
+    for unchanged in ("chatcmpl-bfa1a19b7f200be3", "cmpl-deadbeef", "4f1e2d3c-aaaa-bbbb-cccc-0123456789ab", "r-1-2"):
+        assert external_request_id(unchanged) == unchanged
+    internal = ("(APIServer pid=25554) INFO 12-01 22:02:40 [async_llm.py:922] Aborted request(s) "
+                "chatcmpl-loadgen-ef5e392b7f144045-9815e3a1.")
+    given = "(APIServer pid=25554) INFO 12-01 22:02:40 [async_llm.py:783] Request chatcmpl-loadgen-ef5e392b7f144045 aborted."
+    assert [e.fields["request_ids"] for line in (internal, given) for e in parse(line)] == [
+        ["chatcmpl-loadgen-ef5e392b7f144045"], ["chatcmpl-loadgen-ef5e392b7f144045"]]
+
+
+def test_one_cancelled_request_counts_once_under_its_client_and_engine_names(tmp_path, diagnose_json):
+    """loadgen's 'loadgen-<hex>' is vLLM's 'chatcmpl-loadgen-<hex>' (its X-Request-Id), which vLLM logs twice."""
+    (tmp_path / "client.log").write_text("".join(
+        f"2026-12-01T22:02:40.{i}00Z INFO loadgen request_id=loadgen-{rid} kind=client_abort status=200 "
+        f"elapsed_s=0.299 chunks=3 client cancelled the stream after 3 chunks (abort profile)\n"
+        for i, rid in enumerate(("ef5e392b7f144045", "f112ff67551c4ead"))))
+    (tmp_path / "engine-0.log").write_text("".join(
+        f"(APIServer pid=25554) INFO 12-01 22:02:40 [async_llm.py:922] Aborted request(s) chatcmpl-loadgen-{rid}-{sfx}.\n"
+        f"(APIServer pid=25554) INFO 12-01 22:02:40 [async_llm.py:783] Request chatcmpl-loadgen-{rid} aborted.\n"
+        for rid, sfx in (("ef5e392b7f144045", "9815e3a1"), ("f112ff67551c4ead", "846b99a7"), ("0134f1e92c3d4ab1", "9ee09d28"))))
+    code, doc, err = diagnose_json(str(tmp_path))
+    first = doc["findings"][0]
+    assert first["id"] == "stream-cut-client-disconnect", err
+    assert first["affected_requests"] == {"count": 3, "ids": [
+        "chatcmpl-loadgen-0134f1e92c3d4ab1", "loadgen-ef5e392b7f144045", "loadgen-f112ff67551c4ead"]}

@@ -93,6 +93,16 @@ MAKES = (
     *((kind, None, keys, ()) for kind, keys in _PHASES),
 )
 _ABORTED = re.compile(r"Aborted request(?:\(s\)|s)? (?P<ids>[^\s.][^ ]*?)\.?$|Request (?P<id>\S+) aborted\.")
+# vLLM 0.11+ (InputProcessor.assign_request_id) runs a request under "<its id>-<8 hex of random_uuid()>"
+# and logs that internal id in "Added request" and "Aborted request(s)", the id it was given in "Received
+# request" and "Request <id> aborted.": one abort is logged under both, so the suffix is dropped.
+_VLLM_INTERNAL_SUFFIX = re.compile(r"^(?P<id>[^\s]+-[^\s-]+)-[0-9a-f]{8}$")
+
+
+def external_request_id(request_id: str) -> str:
+    """The id a vLLM request was given, from its internal "<id>-<8 hex>" (any other id unchanged)."""
+    m = _VLLM_INTERNAL_SUFFIX.match(request_id)
+    return m.group("id") if m else request_id
 
 
 def _stats(msg: str, table) -> dict:
@@ -117,8 +127,11 @@ def engine_text_events(msg: str) -> list[tuple[str, dict]]:
     elif "Received request" in msg and (received := _received(msg)):
         out.append(("request.received", received))
     elif "borted" in msg and (m := _ABORTED.search(msg)):
-        ids = m.group("ids") or m.group("id") or ""
-        out.append(("request.aborted", {"request_ids": [i for i in ids.split(",") if i], "reason": None}))
+        if m.group("ids"):  # vLLM's engine side: internal ids
+            ids = [external_request_id(i) for i in m.group("ids").split(",") if i]
+        else:
+            ids = [m.group("id")]
+        out.append(("request.aborted", {"request_ids": ids, "reason": None}))
     if _ANY_PHASE.search(msg):  # one search for every marker word; the first kind that has one wins
         for kind, keys in _PHASES:
             if any(k in msg for k in keys):

@@ -59,7 +59,8 @@ class Candidate:
                 group.decisive = False
                 self.evidence.groups[key] = group
         self.num_corroborating += other.num_decisive + other.num_corroborating
-        self.requests.seen |= other.requests.seen
+        for key, rid in other.requests.seen.items():
+            self.requests.seen.setdefault(key, rid)
         self.requests.num_anonymous += other.requests.num_anonymous
         for ts in (other.first_ts, other.last_ts):
             if ts is not None:

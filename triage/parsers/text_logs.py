@@ -54,7 +54,7 @@ def split_envelope(line: str) -> tuple:
 _STATS_FIELDS = (
     ("running", re.compile(r"Running: (\d+) reqs"), int),
     ("waiting", re.compile(r"(?:Waiting|Pending): (\d+) reqs"), int),
-    ("kv_usage", re.compile(r"GPU KV cache usage: ([\d.]+)%"), lambda v: float(v) / 100),
+    ("kv_usage", re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache usage: ([\d.]+)%"), lambda v: float(v) / 100),
     ("prefix_hit_rate", re.compile(r"Prefix cache hit rate: ([\d.]+)%"), lambda v: float(v) / 100),
     ("preemptions", re.compile(r"Preemptions: (\d+)"), int),
 )

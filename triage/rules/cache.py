@@ -70,6 +70,8 @@ class CacheRule(Rule):
         self.stats_high: list[float] = []
         self.stats_low: list[float] = []
         self.stats_events: list[Event] = []
+        self.stats_peak: Event | None = None  # the highest hit rate while the KV cache had room, and the last
+        self.stats_last: Event | None = None
         self.metric_queries = self.metric_hits = self.metric_prompt = 0.0
         self.text_prefixes: dict[str, dict[str, Event]] = {}
         self.client_upstreams: dict[str, set] = {}
@@ -173,6 +175,10 @@ class CacheRule(Rule):
         if rate is None or kv is None:
             return
         (self.stats_high if kv >= 0.9 else self.stats_low).append(rate)
+        if kv < 0.9:
+            if self.stats_peak is None or rate > self.stats_peak.fields["prefix_hit_rate"]:
+                self.stats_peak = ev
+            self.stats_last = ev
         if kv >= 0.9 and len(self.stats_events) < 50:
             self.stats_events.append(ev)
 
@@ -228,6 +234,8 @@ class CacheRule(Rule):
             finding = getattr(T, "finding_" + cause.replace("-", "_"))(self, self.cands[cause])
             if finding is not None:
                 out.append(finding)
+        if not out and (finding := T.finding_hit_rate_fell(self, self.cands["dynamic-prefix"])) is not None:
+            out.append(finding)
         return out
 
     @staticmethod

@@ -2,6 +2,8 @@
 
 from triage.model import Confidence, Finding
 
+LOW_HIT_RATE = 0.3  # as triage.rules.cache
+
 TITLE = "Prefix cache misses"
 STEPS = {
     "disabled": ["start the engine with --enable-prefix-caching (vLLM V1 and llmserve default on)",
@@ -97,6 +99,35 @@ def finding_dynamic_prefix(rule, cand) -> Finding | None:
         "or user id near the start). Prefix caching matches from the first token, so one changed token "
         "early in the prompt makes every block after it miss." + detail + _rate_text(rule),
         STEPS["dynamic-prefix"], weight=float(count))
+
+
+FELL_FROM, FELL_TO = 0.3, 0.6  # a hit rate that was at least FELL_FROM fell to FELL_TO of it or less
+
+
+def finding_hit_rate_fell(rule, cand) -> Finding | None:
+    """Logs without prompts or prefix fingerprints (vLLM logs neither; --enable-log-requests prints the
+    sampling params only): the hit rate the engine reports fell while the KV cache had room and one replica
+    served, so cached prefixes were not evicted nor spread; what is left is that prompts stopped sharing
+    their start. Low confidence: the changed block itself is not in the logs."""
+    peak, last = rule.stats_peak, rule.stats_last
+    if peak is None or last is None or rule.stats_high or rule.num_multi_block or rule.text_prefixes:
+        return None
+    if len(rule.upstreams) >= 2:
+        return None
+    high = peak.fields["prefix_hit_rate"]
+    now = rule.metric_hits / rule.metric_queries if rule.metric_queries else last.fields["prefix_hit_rate"]
+    if high < FELL_FROM or now >= LOW_HIT_RATE or now > FELL_TO * high or peak is last:
+        return None
+    cand.add(peak, "stats.hit_rate_before", False)
+    cand.add(last, "stats.hit_rate_fell_kv_free", False)
+    cand.counter.append("these logs hold no prompts nor prefix fingerprints: the early block that changes is "
+                        "not shown (log prompts, or compare two prompts' first tokens)")
+    return cand.finding(
+        TITLE + ": the hit rate fell while the KV cache had room",
+        f"The engine's prefix cache hit rate fell from {high:.0%} to {now:.0%} while its KV cache stayed "
+        "below 90% used and one replica served: cached prefixes were neither evicted nor spread over replicas, "
+        "so the prompts stopped sharing their start (a timestamp, a request or user id put near the "
+        "beginning: prefix caching matches from the first token).", STEPS["dynamic-prefix"], Confidence.LOW)
 
 
 def finding_eviction(rule, cand) -> Finding | None:

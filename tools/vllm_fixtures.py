@@ -59,6 +59,9 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
     run = Path(argv[0])
+    if not run.is_dir():
+        print(f"vllm_fixtures: {run}: no such report folder", file=sys.stderr)
+        return 2
     names = argv[1:] or sorted(p.name for p in run.iterdir() if (p / "result.json").exists())
     for name in names:
         if not (run / name / "result.json").exists():

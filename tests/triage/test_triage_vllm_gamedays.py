@@ -50,3 +50,16 @@ def test_a_falling_hit_rate_with_kv_room_is_a_low_dynamic_prefix_hint(rates_kv, 
     code, doc, err = diagnose_json(str(tmp_path))
     got = [(f["id"], f.get("cause"), f["confidence"]) for f in doc["findings"] if f["id"] == "cache-miss"]
     assert got == ([("cache-miss", "dynamic-prefix", "low")] if hint else []), err
+
+
+def test_vllm_debug_prompt_lines_show_the_changing_start(tmp_path, diagnose_json):
+    """At --log-level DEBUG vLLM logs each prompt ('Request <id> details: prompt: ...'): a timestamp at its
+    start is then shown, and the hint becomes a finding."""
+    (tmp_path / "engine-0.log").write_text("".join(
+        f"(APIServer pid=9483) DEBUG 12-01 22:28:{10 + i} [request_logger.py:55] Request chatcmpl-loadgen-{i:016x} "
+        f"details: prompt: '[2026-12-01T22:28:{10 + i}.{i}23Z] You are a support assistant for Acme. Answer "
+        f"briefly, cite the help centre, and never ask for the password itself. Question {i}: how do I reset it?', prompt_token_ids: [1, 2, 3], prompt_embeds shape: "
+        f"None.\n" for i in range(6)) + _stats([(40.0, 0.1), (41.7, 0.1), (24.0, 0.1), (20.0, 0.1)]))
+    code, doc, err = diagnose_json(str(tmp_path))
+    first = doc["findings"][0]
+    assert (first["id"], first["cause"], first["confidence"]) == ("cache-miss", "dynamic-prefix", "high"), err

@@ -85,11 +85,14 @@ _PHASES = (
 # "Received request <id>: prompt: '<prompt>', params": the prompt runs to the first closing quote before
 # ", params" (found by str.find, not by a lazy regex that tries every character of a long prompt)
 _RECEIVED_HEAD = re.compile(r"Received request (?P<id>[^\s:]+):? prompt: (?P<q>['\"])")
+# vLLM 0.11+ logs the prompt at DEBUG only (--enable-log-requests --log-level DEBUG), in its own line:
+# "Request <id> details: prompt: '<prompt>', prompt_token_ids: [...], prompt_embeds shape: None."
+_DETAILS_HEAD = re.compile(r"Request (?P<id>\S+) details: prompt: (?P<q>['\"])")
 _ANY_PHASE = re2.compile("|".join(re.escape(k) for _, keys in _PHASES for k in keys))
 # triage.parsers.MAKES: the kinds engine_text_events makes, by the words it checks first
 MAKES = (
     ("engine.stats", None, ("Avg prompt throughput", "#running-req"), ()),
-    ("request.received", None, ("Received request",), ()),
+    ("request.received", None, ("Received request", " details: prompt: "), ()),
     ("request.aborted", None, ("borted",), ()),
     *((kind, None, keys, ()) for kind, keys in _PHASES),
 )
@@ -127,6 +130,8 @@ def engine_text_events(msg: str) -> list[tuple[str, dict]]:
         out.append(("engine.stats", fields))
     elif "Received request" in msg and (received := _received(msg)):
         out.append(("request.received", received))
+    elif " details: prompt: " in msg and (received := _received(msg, _DETAILS_HEAD, ", prompt_token_ids")):
+        out.append(("request.received", received))
     elif "borted" in msg and (m := _ABORTED.search(msg)):
         if m.group("ids"):  # vLLM's engine side: internal ids
             ids = [external_request_id(i) for i in m.group("ids").split(",") if i]
@@ -141,11 +146,11 @@ def engine_text_events(msg: str) -> list[tuple[str, dict]]:
     return out
 
 
-def _received(msg: str) -> dict | None:
-    m = _RECEIVED_HEAD.search(msg)
+def _received(msg: str, head: re.Pattern = _RECEIVED_HEAD, after: str = ", params") -> dict | None:
+    m = head.search(msg)
     while m is not None:
-        end = msg.find(m.group("q") + ", params", m.end())
+        end = msg.find(m.group("q") + after, m.end())
         if end >= 0:
             return {"request_id": m.group("id"), "prompt": msg[m.end():end]}
-        m = _RECEIVED_HEAD.search(msg, m.start() + 1)
+        m = head.search(msg, m.start() + 1)
     return None

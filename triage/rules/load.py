@@ -19,7 +19,7 @@ STEPS_PREEMPT = [
 ]
 EXPLAIN_QUEUE = (
     "Requests arrived faster than the engine could start them: they waited in the queue (or were refused "
-    "with 429), so time to first token grew with the queue.")
+    "with 429 or 503 by an admission limit), so time to first token grew with the queue.")
 STEPS_QUEUE = [
     "compare arrival rate with throughput: rate(llm_requests_finished_total[1m]) vs the load",
     "add replicas, or raise --max-num-seqs if KV capacity allows (llmtriage plan)",
@@ -153,6 +153,9 @@ class LoadRule(Rule):
             confidence = Confidence.MEDIUM
         else:
             return []
-        detail = (f" {self.num_slow_queue} requests waited at least {SLOW_QUEUE_S:.0f} s before their first "
-                  f"schedule; the waiting queue peaked at {self.max_waiting:.0f}.")
+        if self.num_slow_queue or self.max_waiting >= 2 or not q.num_decisive:
+            detail = (f" {self.num_slow_queue} requests waited at least {SLOW_QUEUE_S:.0f} s before their first "
+                      f"schedule; the waiting queue peaked at {self.max_waiting:.0f}.")
+        else:  # refused at admission (vLLM --max-num-queued-reqs, a gateway's limit): no queue to see
+            detail = f" {q.requests.count} requests were refused before they were queued."
         return [q.finding("Requests queued beyond capacity", EXPLAIN_QUEUE + detail, STEPS_QUEUE, confidence)]

@@ -60,6 +60,7 @@ class Wanted:
 
     def __init__(self, needs: Iterable | None = None, catalog: Iterable | None = None):
         self.everything = needs is None
+        self.known: dict[tuple[str, str | None], bool] = {}  # takes(), by (kind, source): asked per event
         self.by_kind: dict[str, list] = {}
         for need in needs or ():
             self.by_kind.setdefault(need.kind, []).append(need)
@@ -91,13 +92,22 @@ class Wanted:
         options.max_mem = 64 << 20  # the DFA of a few hundred keywords
         self.scanner = re2.compile("(?m)" + pattern, options)  # one pass over a block, however many keywords
         self.scanner_bytes = re2.compile(("(?m)" + pattern).encode(), options)
+        # over a whole block: the lines with a catalog keyword, and those with a start-up phase word
+        self.block_scanners = tuple(re2.compile(("(?m)" + ("|".join(map(re.escape, words)) or "$^")).encode(), options)
+                                    for words in (catalog_words, text_logs.PHASE_WORDS))
 
     def takes(self, kind: str, source: str | None) -> bool:
         """Whether any rule reads events of kind from source (None: some source)."""
         if self.everything:
             return True
-        needs = self.by_kind.get(kind)
-        return bool(needs) and (source is None or any(n.takes_source(source) for n in needs))
+        key = (kind, source)
+        known = self.known.get(key)
+        if known is None:
+            needs = self.by_kind.get(kind)
+            known = bool(needs) and (source is None or any(n.takes_source(source) for n in needs))
+            if len(self.known) < 1024:  # (sources named in the logs themselves: a bounded memo)
+                self.known[key] = known
+        return known
 
     def takes_json(self, kind: str, source: str, line: str) -> bool:
         """Whether a rule reads the event of this undecoded JSON line (kind and source known): a Need
@@ -129,11 +139,17 @@ class FileParser:
         self.csv: client.CsvRecords | None = None
         self.exposition = False
         self.dense = 0  # blocks left to take whole: the last scan found a keyword in nearly every line
+        # the last block candidates() gave: its line numbers, and those of its lines with a catalog keyword
+        # and with a phase word (one scan of the block each, instead of one search per line parsed)
+        self.span = (0, 0)
+        self.marked: tuple[set[int], set[int]] = (set(), set())
+        self.line = ""  # the line parse() is at (its own text, not a message inside it)
 
     def candidates(self, first: int, block: str) -> list[tuple[int, str]]:
         """(line number, line) of the block's lines that may hold events, in order: those with a keyword,
         lines 1-3 (parse() reads them as a possible CSV header), and every line of a CSV (its rows have
         no keyword). first: the number of lines before the block; the block ends in "\n"."""
+        self._mark(first, block)
         if first >= 3 and self.csv is None:
             if self.dense:  # nearly every line had a keyword (an access log): every line, without a scan
                 self.dense -= 1
@@ -151,6 +167,39 @@ class FileParser:
             return list(enumerate(lines, first + 1))
         start = sum(map(len, head)) + len(head)  # the offset after them
         return list(enumerate(head, first + 1)) + self._scan(first + len(head), block, start)
+
+    def _mark(self, first: int, block: str) -> None:
+        raw = block.encode()
+        if len(raw) != len(block):  # not ASCII: each line is searched as parse() reaches it
+            self.span = (0, 0)
+            return
+        count = block.count
+        self.span = (first + 1, first + count("\n"))
+        self.marked = tuple(self._lines_with(scanner.search, raw, first, count) for scanner in self.wanted.block_scanners)
+
+    @staticmethod
+    def _lines_with(search, raw: bytes, first: int, count) -> set[int]:
+        out: set[int] = set()
+        lineno, counted, pos, end = first, 0, 0, len(raw)
+        find = raw.find
+        while pos < end and (m := search(raw, pos)) is not None:
+            at = m.start()
+            lineno += count("\n", counted, at) + 1
+            out.add(lineno)
+            pos = counted = find(b"\n", at) + 1
+            if not pos:
+                break
+        return out
+
+    def _marked(self, which: int, lineno: int, line: str) -> bool | None:
+        """Whether the line parse() is at holds a word of block_scanners[which]; None: not known."""
+        if line is self.line and self.span[0] <= lineno <= self.span[1]:
+            return lineno in self.marked[which]
+        return None
+
+    def _has_keyword(self, lineno: int, line: str) -> bool:
+        known = self._marked(0, lineno, line)
+        return bool(self.wanted.signature_scanner.search(line)) if known is None else known
 
     def _scan(self, first: int, block: str, start: int) -> list[tuple[int, str]]:
         out = []
@@ -173,6 +222,7 @@ class FileParser:
     def parse(self, lineno: int, line: str) -> list[Event]:
         if not line or line.isspace():
             return []
+        self.line = line
         head = line[0]
         # The bulk of a large access log, straight to its parser: exactly what _structured would reach
         if (head.isdigit() or head == "[") and self.csv is None and lineno > 3 and (
@@ -277,7 +327,8 @@ class FileParser:
                 return events
         ts, msg, source = text_logs.split_envelope(line)
         events = [Event(ts, source, kind, fields, self.file, lineno, line)
-                  for kind, fields in text_logs.engine_text_events(msg)]
+                  for kind, fields in text_logs.engine_text_events(
+                      msg, "\x1b" in line or self._marked(1, lineno, line) is not False)]  # (ANSI codes: msg has none)
         if events and events[0].kind == "request.received":
             return events  # a logged prompt is user text: "CUDA out of memory" in it is a question, not an error
         events.extend(self._signature_events(ts, msg, source, lineno, line))
@@ -306,7 +357,7 @@ class FileParser:
                 self.frames.append(m.group("func"))
             return []
         events = [Event(ts, source, kind, fields, self.file, lineno, line) for kind, fields in scan(msg, line)
-                  ] if self.wanted.signature_scanner.search(line) else []
+                  ] if self._has_keyword(lineno, line) else []
         if "cu" in msg and (m := _CUDA_RUNTIME.search(msg)):
             events.append(Event(ts, source, "cuda.runtime", {"version": _cuda_version(m)}, self.file, lineno, line))
         if self.frames and (events or _EXC_LINE.match(stripped)):

@@ -88,7 +88,8 @@ _RECEIVED_HEAD = re.compile(r"Received request (?P<id>[^\s:]+):? prompt: (?P<q>[
 # vLLM 0.11+ logs the prompt at DEBUG only (--enable-log-requests --log-level DEBUG), in its own line:
 # "Request <id> details: prompt: '<prompt>', prompt_token_ids: [...], prompt_embeds shape: None."
 _DETAILS_HEAD = re.compile(r"Request (?P<id>\S+) details: prompt: (?P<q>['\"])")
-_ANY_PHASE = re2.compile("|".join(re.escape(k) for _, keys in _PHASES for k in keys))
+PHASE_WORDS = tuple(k for _, keys in _PHASES for k in keys)
+_ANY_PHASE = re2.compile("|".join(map(re.escape, PHASE_WORDS)))
 # triage.parsers.MAKES: the kinds engine_text_events makes, by the words it checks first
 MAKES = (
     ("engine.stats", None, ("Avg prompt throughput", "#running-req"), ()),
@@ -118,8 +119,9 @@ def _stats(msg: str, table) -> dict:
     return out
 
 
-def engine_text_events(msg: str) -> list[tuple[str, dict]]:
-    """Engine semantics of a text message: stats lines, start-up phases, request lifecycle."""
+def engine_text_events(msg: str, phase: bool = True) -> list[tuple[str, dict]]:
+    """Engine semantics of a text message: stats lines, start-up phases, request lifecycle. phase False:
+    the line is known to hold no phase marker word (its block was scanned for them)."""
     out: list[tuple[str, dict]] = []
     if "Avg prompt throughput" in msg:
         out.append(("engine.stats", _stats(msg, _STATS_FIELDS)))
@@ -138,7 +140,7 @@ def engine_text_events(msg: str) -> list[tuple[str, dict]]:
         else:
             ids = [m.group("id")]
         out.append(("request.aborted", {"request_ids": ids, "reason": None}))
-    if _ANY_PHASE.search(msg):  # one search for every marker word; the first kind that has one wins
+    if phase and _ANY_PHASE.search(msg):  # one search for every marker word; the first kind that has one wins
         for kind, keys in _PHASES:
             if any(k in msg for k in keys):
                 out.append((kind, {}))

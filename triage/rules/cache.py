@@ -74,6 +74,9 @@ class CacheRule(Rule):
         self.stats_last: Event | None = None
         self.metric_queries = self.metric_hits = self.metric_prompt = 0.0
         self.text_prefixes: dict[str, dict[str, Event]] = {}
+        # whether a prompt's head holds an id or a time, by head: logged prompts repeat a few system
+        # prompts, and one search of the id/time patterns costs tens of microseconds
+        self.dynamic_heads: dict[str, bool] = {}
         self.client_upstreams: dict[str, set] = {}
         self.upstreams: set = set()
         self.routing_sample: list[Event] = []
@@ -198,7 +201,12 @@ class CacheRule(Rule):
 
     def _prompt_text(self, ev: Event, prompt: str) -> None:
         head = prompt[:64]
-        if not _DYNAMIC.search(head):
+        dynamic = self.dynamic_heads.get(head)
+        if dynamic is None:
+            dynamic = _DYNAMIC.search(head) is not None
+            if len(self.dynamic_heads) < MAX_PROMPT_KEYS:
+                self.dynamic_heads[head] = dynamic
+        if not dynamic:
             return
         key = _DYNAMIC.sub("<dyn>", prompt[:200])[:PROMPT_KEY_CHARS]
         variants = self.text_prefixes.get(key)

@@ -1,7 +1,7 @@
 """One record per streamed request: outcome, failure kind and every timing, portable between processes."""
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 
@@ -90,7 +90,9 @@ class RequestRecord:
         return offsets
 
     def to_dict(self) -> dict:
-        data = asdict(self)
+        """Plain values (enums as their strings): what asdict gives, without its deep copy of each field."""
+        data = {name: getattr(self, name) for name in _FIELD_NAMES}
+        data["itl_s"] = list(self.itl_s)
         for key in ("outcome", "failure_kind", "output_tokens_source"):
             if data[key] is not None:
                 data[key] = data[key].value
@@ -106,3 +108,6 @@ class RequestRecord:
         if kwargs.get("output_tokens_source") is not None:
             kwargs["output_tokens_source"] = TokenSource(kwargs["output_tokens_source"])
         return cls(**kwargs)
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(RequestRecord))

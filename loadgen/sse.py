@@ -8,6 +8,8 @@ E2E ends at the last content chunk; the trailing usage chunk only supplies token
 import json
 from dataclasses import dataclass, field
 
+import orjson
+
 
 @dataclass(slots=True)
 class StreamState:
@@ -33,7 +35,7 @@ class SSEParser:
     """Incremental parser: `feed(bytes, now)` as data arrives, then read `.state`.
 
     Works on bytes, one event (the lines up to a blank line) at a time: an event that is a single
-    `data: ...` line, which is what servers send, costs one split and one json.loads. Lines end with
+    `data: ...` line, which is what servers send, costs one split and one orjson.loads. Lines end with
     LF or CRLF; comments (`:` keep-alives) and fields other than `data` are skipped; several `data`
     lines join with newlines. An event counts at the `now` of the feed that completed it.
     """
@@ -88,17 +90,20 @@ class SSEParser:
             self._on_data(b"\n".join(data_lines), now)
 
     def _on_data(self, payload: bytes, now: float) -> None:
-        data = payload.decode("utf-8", errors="replace")
-        if data.strip() == "[DONE]":
-            self.state.done = True
-            return
+        if payload[:1] != b"{":  # (the common case, a JSON object, is parsed from the bytes as they are)
+            if payload.strip() == b"[DONE]":
+                self.state.done = True
+                return
         try:
-            event = json.loads(data)
-        except json.JSONDecodeError:
-            self.state.error = self.state.error or f"unreadable SSE event: {data[:200]!r}"
-            return
+            event = orjson.loads(payload)
+        except orjson.JSONDecodeError:  # json reads what orjson refuses (bad UTF-8 replaced, NaN, ...)
+            try:
+                event = json.loads(_text(payload))
+            except json.JSONDecodeError:
+                self.state.error = self.state.error or f"unreadable SSE event: {_text(payload)[:200]!r}"
+                return
         if not isinstance(event, dict):
-            self.state.error = self.state.error or f"SSE event is not an object: {data[:200]!r}"
+            self.state.error = self.state.error or f"SSE event is not an object: {_text(payload)[:200]!r}"
             return
         self._on_event(event, now)
 
@@ -130,6 +135,10 @@ class SSEParser:
             details = usage.get("prompt_tokens_details") or {}
             if isinstance(details, dict) and details.get("cached_tokens") is not None:
                 state.cached_tokens = details["cached_tokens"]
+
+
+def _text(payload: bytes) -> str:
+    return payload.decode("utf-8", errors="replace")
 
 
 def _content_of(choice: dict) -> str:

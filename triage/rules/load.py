@@ -7,6 +7,9 @@ SLOW_QUEUE_S = 1.0  # a request that waited this long before its first schedule 
 KV_FULL = 0.9
 DEEP_QUEUE = 32
 MINOR_PREEMPTION_SHARE = 0.05  # below this share of requests, preemption is a side note in a big run
+# A few 429s among many served requests are a client's retry or a per-user rate limit, not a backlog.
+MINOR_REFUSALS = 3
+MINOR_REFUSAL_SHARE = 0.05
 
 EXPLAIN_PREEMPT = (
     "The KV cache ran out of free blocks while requests were decoding, so the scheduler preempted running "
@@ -50,6 +53,8 @@ class LoadRule(Rule):
         self.num_slow_queue = 0
         self.max_waiting = 0.0
         self.num_waiting_obs = 0  # stats lines or series showing a queue of 4 or more
+        self.num_access = 0  # gateway/engine access lines seen
+        self.num_429 = 0
 
     def handlers(self):
         return {"http.access": self._access, "request.preempted": self._preempted,
@@ -58,7 +63,9 @@ class LoadRule(Rule):
                 "context.overflow": self._context_overflow, "request.scheduled": self._scheduled}
 
     def _access(self, ev: Event) -> None:
+        self.num_access += 1
         if ev.fields.get("status") == 429:
+            self.num_429 += 1
             self.queue.add(ev, "http.429", True, request_ids_of(ev))
 
     def _preempted(self, ev: Event) -> None:
@@ -147,6 +154,12 @@ class LoadRule(Rule):
         slow_enough = self.num_slow_queue >= max(3, 0.1 * n)
         # One snapshot of a short queue is ordinary; a queue seen twice, or a deep one, is a backlog.
         sustained = self.num_waiting_obs >= 2 or self.max_waiting >= DEEP_QUEUE
+        minor_429s = (self.num_429 and self.num_429 == q.num_decisive and self.num_429 < MINOR_REFUSALS
+                      and self.num_429 < MINOR_REFUSAL_SHARE * self.num_access)
+        if minor_429s and not sustained and not slow_enough:
+            q.counter.append(f"only {self.num_429} of {self.num_access} requests were refused with 429, "
+                             "and nothing else shows a queue: a retry or a per-client limit, not a backlog")
+            return [q.finding("A few requests refused with 429", EXPLAIN_QUEUE, STEPS_QUEUE, Confidence.LOW)]
         if q.num_decisive or (slow_enough and self.num_waiting_obs):
             confidence = Confidence.HIGH
         elif sustained:

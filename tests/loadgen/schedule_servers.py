@@ -75,8 +75,9 @@ def _num_words(body: dict) -> int:
 
 
 def events(body: dict, chat: bool, schedule: Schedule, arrival: float, stats: Stats, request_id: str | None):
-    """(due time, bytes) of one stream; the caller sleeps until each due time, writes, and sends back
-    the perf_counter time the write returned."""
+    """(due time, bytes) of one stream; the caller sleeps until each due time, then sends back the
+    perf_counter time it hands the bytes to its write: a client cannot read them sooner (a time taken
+    after the write returned could be later than the client's read on a busy machine)."""
     num_tokens = max(1, min(int(body.get("max_tokens") or schedule.num_tokens), schedule.num_tokens))
     due = arrival + schedule.ttft_s
     first = last = None
@@ -118,11 +119,12 @@ def drive(gen, write, sleep, clock=time.perf_counter) -> None:
             delay = due - clock()
             if delay > 0:
                 sleep(delay)
+        handed = clock()
         write(data)
         if due is None:
             return
         try:
-            due, data = gen.send(clock())
+            due, data = gen.send(handed)
         except StopIteration:
             return
 
@@ -195,11 +197,12 @@ async def _async_stream(body, chat, arrival, write, schedule: Schedule, stats: S
     while True:
         if due is not None and (delay := due - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
+        handed = time.perf_counter()
         await write(data)
         if due is None:
             return
         try:
-            due, data = gen.send(time.perf_counter())
+            due, data = gen.send(handed)
         except StopIteration:
             return
 

@@ -142,7 +142,8 @@ class FileParser:
         # the last block candidates() gave: its line numbers, and those of its lines with a catalog keyword
         # and with a phase word (one scan of the block each, instead of one search per line parsed)
         self.span = (0, 0)
-        self.marked: tuple[set[int], set[int]] = (set(), set())
+        self.marked: tuple[set[int], ...] = ()  # () until a line of the block asks
+        self.block = ""
         self.line = ""  # the line parse() is at (its own text, not a message inside it)
 
     def candidates(self, first: int, block: str) -> list[tuple[int, str]]:
@@ -169,13 +170,20 @@ class FileParser:
         return list(enumerate(head, first + 1)) + self._scan(first + len(head), block, start)
 
     def _mark(self, first: int, block: str) -> None:
+        """The block's marks are made when a line of it first asks (most blocks of a JSON or access log
+        never do)."""
+        self.span = (first + 1, first + block.count("\n"))
+        self.marked = ()
+        self.block = block
+
+    def _make_marks(self) -> tuple:
+        block, first = self.block, self.span[0] - 1
         raw = block.encode()
         if len(raw) != len(block):  # not ASCII: each line is searched as parse() reaches it
             self.span = (0, 0)
-            return
-        count = block.count
-        self.span = (first + 1, first + count("\n"))
-        self.marked = tuple(self._lines_with(scanner.search, raw, first, count) for scanner in self.wanted.block_scanners)
+            return ()
+        return tuple(self._lines_with(scanner.search, raw, first, block.count)
+                     for scanner in self.wanted.block_scanners)
 
     @staticmethod
     def _lines_with(search, raw: bytes, first: int, count) -> set[int]:
@@ -194,6 +202,10 @@ class FileParser:
     def _marked(self, which: int, lineno: int, line: str) -> bool | None:
         """Whether the line parse() is at holds a word of block_scanners[which]; None: not known."""
         if line is self.line and self.span[0] <= lineno <= self.span[1]:
+            if not self.marked:
+                self.marked = self._make_marks()
+                if not self.marked:
+                    return None
             return lineno in self.marked[which]
         return None
 

@@ -38,7 +38,9 @@ VLLM_SCENARIOS: list[Scenario] = [
           phases=[LoadPhase("steady", users=2, run_time_s=20,
                             extra_args=["--no-stream", "--output-tokens", "400", "--prompt-tokens", "64"])],
           expected_alerts=[["LLMStreamAbortsHigh", "LLMErrorRateHigh"]], expected_finding="stream-cut-gateway-timeout",
-          ci=True),
+          # Not in the CI subset: vLLM counts a request cut by nginx in http_requests_total only when its
+          # generation ends, so on some runs the derived abort ratio has no sample in the alert's window.
+          ci=False),
     _vllm(name="engine-crash",
           summary="the engine core process (VLLM::EngineCore) is SIGKILLed mid-load: EngineDeadError, the server exits",
           engine_flags=_LOG, faults=[Fault("kill-engine-core", at_s=8.0)],

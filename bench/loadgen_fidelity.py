@@ -13,12 +13,20 @@ request (start-up and report included) and each client's drift (its TTFT p50 min
 TTFT p50 over the same streams: what the client added). Targets: p50 within
 2 ms of the reference, p99 within 20 ms, counts within 5%. Last line: one JSON object.
 
-    python bench/loadgen_fidelity.py [--quick] [--run-time-s 8] [--servers stdlib,aiohttp] [--users 1,20,100]
+A row `100x2` runs both clients with Locust's `--processes 2`: how a user carries more streams than
+one process holds. Each run lasts at least --run-time-s and long enough for about --min-requests
+finished requests (one user: about 31 s for 40), and both clients are judged on the requests that
+ended within that length from their first request (Locust's -t cuts the reference's last streams,
+loadgen lets them finish). --rounds N alternates N runs of each client per row and pools them.
+
+    python bench/loadgen_fidelity.py [--quick] [--run-time-s 8] [--min-requests 40] [--rounds 1]
+        [--servers stdlib,aiohttp] [--users 1,20,100,100x2]
 """
 
 import argparse
 import csv
 import json
+import math
 import os
 import socket
 import subprocess
@@ -74,20 +82,42 @@ def start(kind: str, workdir: Path) -> Server:
     return start_schedule_server(kind, TTFT_MS, ITL_MS, NUM_TOKENS)
 
 
-def loadgen_samples(run: tuple[Path, float]) -> dict:
+def in_window(rows: list[dict], start_key: str, e2e_key: str, run_time_s: float) -> list[dict]:
+    """The requests that ended within `run_time_s` of the client's first request: the two clients
+    stop differently (Locust's -t cuts the reference's streams in flight; loadgen, under its shape,
+    lets them finish within --stop-timeout), so each is counted over the same length of run."""
+    if not rows:
+        return rows
+    first = min(float(r[start_key]) for r in rows)
+    return [r for r in rows if float(r[start_key]) + float(r[e2e_key]) <= first + run_time_s]
+
+
+def loadgen_samples(run: tuple[Path, float], run_time_s: float) -> dict:
     report, cpu_s = run
-    rows = [r for r in csv.DictReader(open(report / "loadgen_requests.csv")) if r["outcome"] == "ok"]
-    return {"count": len(rows), "cpu_s": cpu_s, "ttft": [float(r["ttft_s"]) for r in rows],
+    every = list(csv.DictReader(open(report / "loadgen_requests.csv")))
+    rows = in_window([r for r in every if r["outcome"] == "ok"], "scheduled_unix", "e2e_s", run_time_s)
+    return {"count": len(rows), "cpu_s": cpu_s, "cpu_requests": sum(r["outcome"] == "ok" for r in every),
+            "ttft": [float(r["ttft_s"]) for r in rows],
             "itl": [float(g) for r in rows for g in r["itl_s"].split()],
             "tpot": [float(r["tpot_s"]) for r in rows if r["tpot_s"]],
-            "failed": sum(1 for r in csv.DictReader(open(report / "loadgen_requests.csv")) if r["outcome"] == "failed")}
+            "failed": sum(1 for r in every if r["outcome"] == "failed")}
 
 
-def reference_samples(run: tuple[list[dict], float]) -> dict:
-    results, cpu_s = run
-    return {"count": len(results), "cpu_s": cpu_s, "ttft": [r["ttft_s"] for r in results],
+def reference_samples(run: tuple[list[dict], float], run_time_s: float) -> dict:
+    every, cpu_s = run
+    results = in_window(every, "start_unix", "e2e_s", run_time_s)
+    return {"count": len(results), "cpu_s": cpu_s, "cpu_requests": len(every), "ttft": [r["ttft_s"] for r in results],
             "itl": [g for r in results for g in r["itl_s"]],
             "tpot": [sum(r["itl_s"]) / (r["num_tokens"] - 1) for r in results if r["num_tokens"] > 1], "failed": 0}
+
+
+def pool(parts: list[dict]) -> dict:
+    """Several alternating runs of one client pooled into one sample."""
+    out = {"count": 0, "cpu_s": 0.0, "cpu_requests": 0, "ttft": [], "itl": [], "tpot": [], "failed": 0}
+    for part in parts:
+        for key, value in part.items():
+            out[key] += value
+    return out
 
 
 def pct_ms(values: list[float], p: float) -> float | None:
@@ -97,8 +127,8 @@ def pct_ms(values: list[float], p: float) -> float | None:
 def compare(lg: dict, ref: dict, scheduled: bool) -> dict:
     row = {"loadgen_requests": lg["count"], "reference_requests": ref["count"], "loadgen_failed": lg["failed"],
            "count_ratio": lg["count"] / ref["count"] if ref["count"] else None,
-           "loadgen_cpu_ms_per_request": 1000 * lg["cpu_s"] / lg["count"] if lg["count"] else None,
-           "reference_cpu_ms_per_request": 1000 * ref["cpu_s"] / ref["count"] if ref["count"] else None}
+           "loadgen_cpu_ms_per_request": 1000 * lg["cpu_s"] / lg["cpu_requests"] if lg["cpu_requests"] else None,
+           "reference_cpu_ms_per_request": 1000 * ref["cpu_s"] / ref["cpu_requests"] if ref["cpu_requests"] else None}
     schedule = {"ttft": TTFT_MS, "itl": ITL_MS, "tpot": ITL_MS}
     ok = row["count_ratio"] is not None and abs(row["count_ratio"] - 1) <= TARGET_COUNT and not lg["failed"]
     for metric in ("ttft", "itl", "tpot"):
@@ -118,16 +148,46 @@ def fmt(value: float | None) -> str:
     return "     -" if value is None else f"{value:+6.1f}"
 
 
+def parse_rows(text: str) -> list[tuple[int, int]]:
+    """`1,20,100,100x2`: users, and with `xN` Locust processes (both clients alike)."""
+    rows = []
+    for item in text.split(","):
+        users, _, procs = item.strip().partition("x")
+        try:
+            rows.append((int(users), int(procs or 1)))
+        except ValueError:
+            raise SystemExit(f"loadgen_fidelity: error: --users: {item!r} is not USERS or USERSxPROCESSES") from None
+        if rows[-1][0] < 1 or rows[-1][1] < 1:
+            raise SystemExit(f"loadgen_fidelity: error: --users: {item!r}: users and processes must be at least 1")
+    return rows
+
+
+def row_run_time(run_time_s: float, users: int, min_requests: int) -> float:
+    """Long enough for `min_requests` finished requests a client at this many users (a request of
+    the schedule lasts TTFT + 31 ITL, 0.77 s): one user needs about 31 s for 40."""
+    per_request_s = (TTFT_MS + (NUM_TOKENS - 1) * ITL_MS) / 1000
+    return max(run_time_s, float(math.ceil(min_requests / users * per_request_s)) + 1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="stdlib and nginx at 1 and 20 users, 4 s runs")
     parser.add_argument("--run-time-s", type=float, default=8.0)
+    parser.add_argument("--min-requests", type=int, default=40,
+                        help="lengthen a row's runs until each client finishes about this many requests")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating runs of each client per row, pooled")
     parser.add_argument("--servers", default=",".join(SERVERS))
-    parser.add_argument("--users", default="1,20,100")
+    parser.add_argument("--users", default="1,20,100,100x2",
+                        help="rows: users, or USERSxPROCESSES for Locust's --processes (both clients)")
     args = parser.parse_args()
     servers = ["stdlib", "nginx"] if args.quick else args.servers.split(",")
-    levels = [1, 20] if args.quick else [int(u) for u in args.users.split(",")]
+    unknown = sorted(set(servers) - set(SERVERS))
+    if unknown:
+        raise SystemExit(f"loadgen_fidelity: error: --servers: unknown {', '.join(unknown)} "
+                         f"(choose from {', '.join(SERVERS)})")
+    levels = [(1, 1), (20, 1)] if args.quick else parse_rows(args.users)
     run_time_s = 4.0 if args.quick else args.run_time_s
+    min_requests = 10 if args.quick else args.min_requests
     rows, load_before = [], os.getloadavg()
     print("server       users  lg/ref n      TTFT p50 -sched -ref  p99 -ref | ITL p50 -sched -ref  p99 -ref | "
           "TPOT p50 -ref  p99 -ref | CPU ms/req lg ref | drift lg ref", flush=True)
@@ -138,33 +198,43 @@ def main() -> int:
         for kind in servers:
             server = start(kind, Path(tmp) / kind)
             try:
-                for i, users in enumerate(levels):
-                    work = Path(tmp) / f"{kind}-{users}"
+                for i, (users, procs) in enumerate(levels):
+                    work = Path(tmp) / f"{kind}-{users}x{procs}"
                     work.mkdir(parents=True)
-                    order = ("reference", "loadgen") if i % 2 == 0 else ("loadgen", "reference")
-                    samples = {}
+                    extra = ["--processes", str(procs)] if procs > 1 else []
+                    seconds = row_run_time(run_time_s, users, min_requests)
+                    parts: dict[str, list] = {"reference": [], "loadgen": []}
                     tokens = LLMSERVE_TOKENS if kind == "llmserve" else NUM_TOKENS
-                    server_ttft = {}
-                    for client in order:
-                        seen = len(server.stats()["server_ttft_s"]) if kind != "llmserve" else 0
-                        if client == "reference":
-                            os.environ["LOADGEN_REFERENCE_TOKENS"] = str(tokens)
-                            samples[client] = reference_samples(run_reference(server.url, users, run_time_s, work))
-                        else:  # the reference's very prompt (llmserve's prefix cache then serves both alike)
-                            samples[client] = loadgen_samples(run_loadgen(server.url, users, run_time_s, work,
-                                                                          tokens, ["--dataset", str(dataset)]))
-                        time.sleep(1.0)  # the server's last streams end before the next run starts
-                        if kind != "llmserve":  # the server's own TTFT over this client's streams
-                            server_ttft[client] = server.stats()["server_ttft_s"][seen:]
-                    row = {"server": server.kind, "users": users,
+                    server_ttft: dict[str, list] = {"reference": [], "loadgen": []}
+                    for n in range(args.rounds):
+                        order = ("reference", "loadgen") if (i + n) % 2 == 0 else ("loadgen", "reference")
+                        for client in order:
+                            seen = len(server.stats()["server_ttft_s"]) if kind != "llmserve" else 0
+                            if client == "reference":
+                                os.environ["LOADGEN_REFERENCE_TOKENS"] = str(tokens)
+                                parts[client].append(reference_samples(
+                                    run_reference(server.url, users, seconds, work, extra), seconds))
+                            else:  # the reference's very prompt (llmserve's prefix cache then serves both alike)
+                                parts[client].append(loadgen_samples(run_loadgen(
+                                    server.url, users, seconds, work, tokens, ["--dataset", str(dataset), *extra]),
+                                    seconds))
+                            time.sleep(1.0)  # the server's last streams end before the next run starts
+                            if kind != "llmserve":  # the server's own TTFT over this client's streams
+                                server_ttft[client] += server.stats()["server_ttft_s"][seen:]
+                    samples = {client: pool(p) for client, p in parts.items()}
+                    row = {"server": server.kind, "users": users, "processes": procs, "run_time_s": seconds,
+                           "rounds": args.rounds,
                            **compare(samples["loadgen"], samples["reference"], kind != "llmserve")}
                     for client, values in server_ttft.items():  # client drift: client TTFT minus the server's
+                        if not values:
+                            continue
                         mine = pct_ms(samples[client]["ttft"], 50)
                         own = pct_ms(values, 50)
                         row[f"server_ttft_p50_ms_{client}"] = own
                         row[f"{client}_drift_p50_ms"] = mine - own if mine is not None and own is not None else None
                     rows.append(row)
-                    print(f"{server.kind:12s} {users:5d} {row['loadgen_requests']:5d}/{row['reference_requests']:<5d} "
+                    label = f"{users}" if procs == 1 else f"{users}x{procs}"
+                    print(f"{server.kind:12s} {label:>5s} {row['loadgen_requests']:5d}/{row['reference_requests']:<5d} "
                           f"{fmt(row['ttft_p50_minus_schedule_ms'])} {fmt(row['ttft_p50_minus_reference_ms'])} "
                           f"{fmt(row['ttft_p99_minus_reference_ms'])} | {fmt(row['itl_p50_minus_schedule_ms'])} "
                           f"{fmt(row['itl_p50_minus_reference_ms'])} {fmt(row['itl_p99_minus_reference_ms'])} | "
@@ -178,7 +248,8 @@ def main() -> int:
                       "num_rows_meeting_targets": sum(r["meets_targets"] for r in rows), "num_rows": len(rows),
                       "targets": {"p50_ms": TARGET_P50_MS, "p99_ms": TARGET_P99_MS, "count_ratio": TARGET_COUNT},
                       "schedule": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS, "tokens": NUM_TOKENS},
-                      "run_time_s": run_time_s, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                      "run_time_s": run_time_s, "min_requests": min_requests, "rounds": args.rounds,
+                      "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
                       "cpu_count": os.cpu_count(), "rows": rows}))
     return 0
 

@@ -1,7 +1,8 @@
 """The plain reference client for bench/loadgen_fidelity.py: HttpUser, post(stream=True), iter_lines().
 
 Times each content line as iter_lines hands it over and, on quit, writes one JSON object per
-request to $LOADGEN_REFERENCE_OUT: {"ttft_s", "itl_s", "num_tokens"}.
+request to $LOADGEN_REFERENCE_OUT.<pid> (one file per process, so `--processes N` runs write N):
+{"start_unix", "ttft_s", "e2e_s", "itl_s", "num_tokens"}.
 """
 
 import json
@@ -19,18 +20,18 @@ BODY = {"model": os.environ.get("LOADGEN_REFERENCE_MODEL", "sched-model"),
 class ReferenceUser(HttpUser):
     @task
     def stream(self):
-        start = time.perf_counter()
+        start_unix, start = time.time(), time.perf_counter()
         arrivals = []
         with self.client.post("/v1/chat/completions", json=BODY, stream=True, catch_response=True) as resp:
             for line in resp.iter_lines():
                 if line.startswith(b"data: {") and b'"content"' in line:
                     arrivals.append(time.perf_counter() - start)
         if arrivals:
-            RESULTS.append({"ttft_s": arrivals[0], "itl_s": [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)],
+            RESULTS.append({"start_unix": start_unix, "ttft_s": arrivals[0], "e2e_s": arrivals[-1], "itl_s": [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)],
                             "num_tokens": len(arrivals)})
 
 
 @events.quitting.add_listener
 def _write(environment, **kwargs):
-    with open(os.environ["LOADGEN_REFERENCE_OUT"], "w") as f:
+    with open(f"{os.environ['LOADGEN_REFERENCE_OUT']}.{os.getpid()}", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in RESULTS)

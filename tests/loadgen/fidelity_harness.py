@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +135,7 @@ def run_locust(locustfile: Path, host: str, users: int, run_time_s: float, cwd: 
 def run_loadgen(host: str, users: int, run_time_s: float, workdir: Path, num_tokens: int,
                 extra: list[str] = ()) -> tuple[Path, float]:
     """loadgen/chat.py; returns its report folder and the CPU seconds it took."""
-    report = workdir / "loadgen-report"
+    report = Path(tempfile.mkdtemp(prefix="loadgen-", dir=workdir)) / "report"
     run = run_locust(REPO / "loadgen" / "chat.py", host, users, run_time_s, workdir,
                      ["--output-tokens", str(num_tokens), "--prompt-tokens", "16", "--report-dir", str(report),
                       *extra])
@@ -143,10 +144,14 @@ def run_loadgen(host: str, users: int, run_time_s: float, workdir: Path, num_tok
     return report, run.cpu_s
 
 
-def run_reference(host: str, users: int, run_time_s: float, workdir: Path) -> tuple[list[dict], float]:
-    """The plain reference locustfile; one dict per finished request, and the CPU seconds it took."""
-    out = workdir / "reference.jsonl"
-    run = run_locust(REFERENCE, host, users, run_time_s, workdir, [], {"LOADGEN_REFERENCE_OUT": str(out)})
+def run_reference(host: str, users: int, run_time_s: float, workdir: Path,
+                  extra: list[str] = ()) -> tuple[list[dict], float]:
+    """The plain reference locustfile; one dict per finished request (of every process with
+    `--processes N` in `extra`), and the CPU seconds it took."""
+    out = Path(tempfile.mkdtemp(prefix="reference-", dir=workdir))
+    run = run_locust(REFERENCE, host, users, run_time_s, workdir, list(extra),
+                     {"LOADGEN_REFERENCE_OUT": str(out / "requests.jsonl")})
     if run.proc.returncode != 0:
         raise RuntimeError(f"the reference exited {run.proc.returncode}: {run.proc.stderr[-2000:]}")
-    return [json.loads(line) for line in out.read_text().splitlines()], run.cpu_s
+    return [json.loads(line) for path in sorted(out.glob("requests.jsonl.*"))
+            for line in path.read_text().splitlines()], run.cpu_s

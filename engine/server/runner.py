@@ -1,6 +1,7 @@
 """Runs the app under uvicorn with our own SIGTERM drain and a non-zero exit when the engine dies."""
 
 import asyncio
+import signal
 import socket
 import sys
 import time
@@ -39,6 +40,8 @@ class LLMServer(uvicorn.Server):
         if self.loop is None:
             self.should_exit = True
             return
+        if not self.state.draining:
+            self.exit_reason = "sigint" if sig == signal.SIGINT else "sigterm"
         self.loop.call_soon_threadsafe(self.stop_now if self.state.draining else self.begin_drain)
 
     async def startup(self, sockets=None) -> None:
@@ -55,7 +58,7 @@ class LLMServer(uvicorn.Server):
             return
         self.state.draining = True
         self.state.num_drain_live = len(self.state.live)
-        self.exit_reason = "sigterm"
+        self.exit_reason = self.exit_reason or "sigterm"
         self._drain_task = self._spawn(self._drain())
 
     def stop_now(self) -> None:

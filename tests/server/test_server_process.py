@@ -190,3 +190,16 @@ def test_taken_port_is_one_line_before_loading(capsys):
     assert info.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line == f"llmserve: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def test_ctrl_c_is_logged_as_sigint():
+    """Ctrl-C (SIGINT) drains as SIGTERM does; engine.shutdown names the signal that came."""
+    proc, url = _spawn()
+    try:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    logs = [json.loads(line) for line in proc.stdout.read().splitlines()]
+    (shutdown,) = [r for r in logs if r["event"] == "engine.shutdown"]
+    assert (shutdown["reason"], shutdown["drained"], shutdown["aborted"]) == ("sigint", 0, 0)

@@ -6,10 +6,12 @@ from datetime import UTC, datetime, timedelta
 
 from triage.model import Event, Finding
 from triage.parsers import FileParser, Wanted
+from triage.parsers.bulk import FORM_NAMES, TOTALS, kinds_of
 from triage.reader import Notes, iter_files, read_blocks
 from triage.rules import Facts, Rule, all_rules, dispatch_table
 
 PROM_MARGIN = timedelta(minutes=2)
+BULK_KINDS = frozenset(kinds_of(name)[0] for name in FORM_NAMES)
 DEFAULT_PROM_WINDOW = timedelta(hours=1)
 
 
@@ -39,7 +41,11 @@ class Dispatcher:
     def __init__(self, rules: list[Rule], since: datetime | None, until: datetime | None):
         self.rules = rules
         self.table = dispatch_table(rules)
-        self.wanted = Wanted([need for rule in rules for need in rule.needs])
+        # a kind is read in bulk when every rule that reads it reads its totals too; --since/--until cut
+        # by each line's time, so they read line by line
+        bulk_kinds = () if since or until else {kind for kind in BULK_KINDS if all(
+            kind + TOTALS in {n.kind for n in rule.needs} for rule in rules if kind in {n.kind for n in rule.needs})}
+        self.wanted = Wanted([need for rule in rules for need in rule.needs], bulk_kinds=bulk_kinds)
         self.facts = Facts()
         self.since, self.until = since, until
 
@@ -107,9 +113,13 @@ def rank(findings: list[Finding]) -> list[Finding]:
 
 def _read_file(path, notes: Notes, dispatcher: Dispatcher) -> None:
     parser = FileParser(str(path), dispatcher.wanted)
-    parse, feed, candidates, takes = parser.parse, dispatcher.feed, parser.candidates, dispatcher.wanted.takes
+    parse, feed, pieces, takes = parser.parse, dispatcher.feed, parser.pieces, dispatcher.wanted.takes
     for first, block in read_blocks(path, notes):
-        for lineno, line in candidates(first, block):
+        for piece in pieces(first, block):
+            if type(piece) is not tuple:  # the totals of a run of routine lines
+                feed(piece)
+                continue
+            lineno, line = piece
             try:
                 events = parse(lineno, line)
             except Exception as exc:  # a parser bug must cost one line, never the diagnosis

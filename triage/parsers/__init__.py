@@ -15,7 +15,7 @@ import re2
 
 from triage import signatures
 from triage.model import Event
-from triage.parsers import client, engine_json, gateways, metrics_text, text_logs
+from triage.parsers import bulk, client, engine_json, gateways, metrics_text, text_logs
 from triage.signatures import scan
 from triage.timeparse import parse_iso
 
@@ -27,6 +27,7 @@ MAX_FRAMES = 60
 # scanned again: a scan that finds every line costs more than it saves. (Lines without a keyword make
 # no event a rule reads: test_triage_reading checks it on every file of the corpus.)
 DENSE, DENSE_BLOCKS = 0.9, 15
+MIN_RUN = 16  # routine lines in a row read in bulk (fewer: line by line, as cheap)
 _SCAN_ONCE = json.JSONDecoder().scan_once  # json's C scanner, without json.loads' three Python frames
 # Lines that change a file's parsing state whatever rules need: a traceback's frames (named in the OOM
 # that ends it) and the exception line that closes it.
@@ -58,7 +59,8 @@ class Wanted:
     """What the rules read, as the parsers use it: their Needs by kind, and the keyword scan that finds
     the lines that may hold such events. Wanted() alone takes every kind (a parser on its own)."""
 
-    def __init__(self, needs: Iterable | None = None, catalog: Iterable | None = None):
+    def __init__(self, needs: Iterable | None = None, catalog: Iterable | None = None,
+                 bulk_kinds: Iterable[str] = ()):
         self.everything = needs is None
         self.known: dict[tuple[str, str | None], bool] = {}  # takes(), by (kind, source): asked per event
         self.by_kind: dict[str, list] = {}
@@ -95,6 +97,16 @@ class Wanted:
         # over a whole block: the lines with a catalog keyword, and those with a start-up phase word
         self.block_scanners = tuple(re2.compile(("(?m)" + ("|".join(map(re.escape, words)) or "$^")).encode(), options)
                                     for words in (catalog_words, text_logs.PHASE_WORDS))
+        # routine lines read in bulk (triage.parsers.bulk): the forms of the kinds that every rule reading
+        # them reads as totals too (bulk_kinds), from a source they take
+        bulk_kinds = set(bulk_kinds)
+        self.bulk_forms = [name for name in bulk.FORM_NAMES if bulk_kinds and (
+            not bulk.kinds_of(name)[0] or bulk.kinds_of(name)[0] in bulk_kinds and self.takes(*bulk.kinds_of(name)))]
+        self.bulk_runs = bulk.run_pattern(self.bulk_forms)
+        # a run with one of these anywhere is read line by line: catalog keywords, phase words, and what
+        # makes the per-line reading take a routine-looking line for something else
+        self.bulk_stop = re2.compile("|".join([*(re.escape(w) for w in (*catalog_words, *text_logs.PHASE_WORDS)),
+                                                *bulk.stop_words()]).encode(), options)
 
     def takes(self, kind: str, source: str | None) -> bool:
         """Whether any rule reads events of kind from source (None: some source)."""
@@ -168,6 +180,48 @@ class FileParser:
             return list(enumerate(lines, first + 1))
         start = sum(map(len, head)) + len(head)  # the offset after them
         return list(enumerate(head, first + 1)) + self._scan(first + len(head), block, start)
+
+    def pieces(self, first: int, block: str) -> list:
+        """candidates(), with each run of routine lines (triage.parsers.bulk) as its totals events instead
+        of its lines, in the block's order: (line number, line) pairs and Events."""
+        runs = self.wanted.bulk_runs
+        if runs is None or first < 3 or self.csv is not None or self.exposition:
+            return self.candidates(first, block)
+        raw = block.encode()
+        if len(raw) != len(block):  # not ASCII
+            return self.candidates(first, block)
+        out: list = []
+        search, count = runs.search, raw.count
+        stop = self.wanted.bulk_stop.search
+        pos = gap = 0  # gap: where the lines not yet handed start
+        while (m := search(raw, pos)) is not None:
+            start, end = m.span()
+            pos = end
+            nlines = count(b"\n", start, end)
+            if nlines < MIN_RUN:
+                continue
+            chunk = raw[start:end]
+            if stop(chunk):
+                continue  # a line of it may be read otherwise: line by line
+            before = first + count(b"\n", 0, start)
+            totals = bulk.summarise(bulk.Run(self.file, before, block[start:end], self._row_event),
+                                    self.wanted.bulk_forms, nlines)
+            if totals is None:
+                continue
+            if gap < start:
+                out.extend(self.candidates(first + count(b"\n", 0, gap), block[gap:start]))
+            out.extend(totals)
+            gap = end
+        if gap == 0:
+            return self.candidates(first, block)
+        if gap < len(block):
+            out.extend(self.candidates(first + count(b"\n", 0, gap), block[gap:]))
+        return out
+
+    def _row_event(self, lineno: int, line: str) -> Event | None:
+        """The event the per-line reading makes of a routine line (a row of a bulk run, quoted as evidence)."""
+        events = self.parse(lineno, line)
+        return events[0] if events else None
 
     def _mark(self, first: int, block: str) -> None:
         """The block's marks are made when a line of it first asks (most blocks of a JSON or access log

@@ -94,8 +94,12 @@ class Facts:
         self.num_http_errors = 0  # access lines with a 5xx status
 
     def observe(self, ev: Event) -> None:
+        kind = ev.kind
+        if kind.endswith(".totals"):
+            self._observe_totals(ev)
+            return
         self.num_events += 1
-        kind, ts = ev.kind, ev.ts
+        ts = ev.ts
         self.sources[ev.source] = self.sources.get(ev.source, 0) + 1
         if kind == "log.error" or kind == "engine.error":
             self.num_error_lines += 1
@@ -115,6 +119,26 @@ class Facts:
                 self.num_http_errors += 1
         elif (kind == "request.finished" or kind == "request.aborted") and ev.source == "engine-json":
             self.num_engine_requests += 1
+
+    def _observe_totals(self, ev: Event) -> None:
+        """A run of routine lines read in bulk (triage.parsers.bulk): as its lines would have been, one by
+        one (served requests: no 5xx, no error)."""
+        f = ev.fields
+        count, kind = f["count"], ev.kind[:-len(".totals")]
+        self.num_events += count
+        self.sources[ev.source] = self.sources.get(ev.source, 0) + count
+        for ts in (f["first_ts"], f["last_ts"]):
+            if ts is None:
+                continue
+            if (kind.startswith("request.") or kind == "http.access") and (
+                    self.last_request_ts is None or ts > self.last_request_ts):
+                self.last_request_ts = ts
+            if self.first_ts is None or ts < self.first_ts:
+                self.first_ts = ts
+            if self.last_ts is None or ts > self.last_ts:
+                self.last_ts = ts
+        if kind == "http.access" and ev.source != "engine-json":
+            self.num_gateway_requests += count
 
     @property
     def num_requests(self) -> int:
@@ -161,6 +185,12 @@ class Rule:
 
     def findings(self, facts: Facts) -> list[Finding]:
         raise NotImplementedError
+
+
+def totals_rows(ev: Event, rows) -> list[Event]:
+    """The events of these rows of a totals event (each made by the line's own parser), those it makes."""
+    make = ev.fields["event"]
+    return [e for e in map(make, rows) if e is not None]
 
 
 def needs_of(kinds: tuple[str, ...], **narrowed: Need) -> tuple[Need, ...]:

@@ -5,7 +5,7 @@ from collections import Counter, deque
 from itertools import repeat, starmap
 
 from triage.model import Event, Finding
-from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of
+from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of, totals_rows
 from triage.rules import cache_text as T
 
 MAX_KEYS = 20_000  # bounded memory: when full, keys seen only once are dropped
@@ -48,7 +48,7 @@ def later_weight(prefixes: tuple | dict) -> int:
 class CacheRule(Rule):
     needs = needs_of(
         ("engine.startup", "request.finished", "engine.stats", "cache.config", "metric", "request.received",
-         "http.access"),
+         "http.access", "http.access.totals", "engine.stats.totals", "request.received.totals"),
         request_received=Need("request.received", fields=("prompt",)),  # logged prompts only
         http_access=Need("http.access", not_from=("engine-json",)))  # a gateway's: it names the upstream
 
@@ -85,7 +85,28 @@ class CacheRule(Rule):
     def handlers(self):
         return {"request.finished": self._finished, "http.access": self._access, "engine.startup": self._startup,
                 "cache.config": self._config, "engine.stats": self._stats, "metric": self._metric,
-                "request.received": self._received}
+                "request.received": self._received, "http.access.totals": self._access_totals,
+                "engine.stats.totals": self._stats_totals, "request.received.totals": self._received_totals}
+
+    def _access_totals(self, ev: Event) -> None:
+        """Each (client, upstream) pair once, first seen first: what _routing does for every line."""
+        if ev.source == "engine-json":
+            return
+        make = ev.fields["event"]
+        for (client, upstream), row in ev.fields["routes"].items():
+            self._route(client or "-", upstream, lambda row=row: make(row))
+
+    def _stats_totals(self, ev: Event) -> None:
+        cols = ev.fields["columns"]
+        if "prefix_hit_rate" in cols and "kv_usage" in cols:  # (else _stats reads nothing of them)
+            for row in totals_rows(ev, range(ev.fields["count"])):
+                self._stats(row)
+
+    def _received_totals(self, ev: Event) -> None:
+        """Each distinct logged prompt once, first seen first (a repeat changes nothing _prompt_text keeps)."""
+        make = ev.fields["event"]
+        for prompt, row in ev.fields["prompts"].items():
+            self._prompt_text(lambda row=row: make(row), prompt)
 
     def _access(self, ev: Event) -> None:
         if ev.fields.get("upstream_addr") and ev.source != "engine-json":
@@ -215,7 +236,7 @@ class CacheRule(Rule):
                 return
             variants = self.text_prefixes[key] = {}
         if head not in variants and len(variants) < 6:
-            variants[head] = ev
+            variants[head] = ev if isinstance(ev, Event) else ev()  # (a row read in bulk: made now)
 
     def _routing(self, ev: Event) -> None:
         self._route(ev.fields.get("client") or "-", ev.fields["upstream_addr"], ev)
@@ -226,7 +247,7 @@ class CacheRule(Rule):
         if upstream not in ups and len(ups) < 64:
             ups.add(upstream)
             if len(self.routing_sample) < 8:
-                self.routing_sample.append(ev)
+                self.routing_sample.append(ev if isinstance(ev, Event) else ev())
 
     def hit_rate(self) -> float | None:
         if self.num_prompt_tokens:

@@ -1,7 +1,7 @@
 """Load beyond capacity: KV preemption, a growing waiting queue, prompts beyond the context window."""
 
 from triage.model import Confidence, Event, Finding
-from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of
+from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of, totals_rows
 
 SLOW_QUEUE_S = 1.0  # a request that waited this long before its first schedule was queued, not served
 KV_FULL = 0.9
@@ -41,7 +41,7 @@ STEPS_CONTEXT = [
 class LoadRule(Rule):
     needs = needs_of(
         ("request.preempted", "engine.stats", "engine.preemption", "metric", "request.rejected", "queue.full",
-         "request.scheduled", "http.access", "context.overflow"),
+         "request.scheduled", "http.access", "context.overflow", "http.access.totals", "engine.stats.totals"),
         request_scheduled=Need("request.scheduled", at_least=(("queue_s", SLOW_QUEUE_S),)),
         http_access=Need("http.access", not_from=("engine-json",)))  # the engine refuses with request.rejected
 
@@ -60,7 +60,30 @@ class LoadRule(Rule):
         return {"http.access": self._access, "request.preempted": self._preempted,
                 "engine.preemption": self._preemption, "engine.stats": self._stats, "metric": self._metric,
                 "request.rejected": self._rejected, "queue.full": self._queue_full,
-                "context.overflow": self._context_overflow, "request.scheduled": self._scheduled}
+                "context.overflow": self._context_overflow, "request.scheduled": self._scheduled,
+                "http.access.totals": self._access_totals, "engine.stats.totals": self._stats_totals}
+
+    def _access_totals(self, ev: Event) -> None:
+        self.num_access += ev.fields["count"]  # served requests: no 429 among them
+
+    def _stats_totals(self, ev: Event) -> None:
+        """A run of stats lines as columns: what _stats does per line, the lines it quotes made on demand."""
+        cols = ev.fields["columns"]
+        if any(cols.get("preemptions") or ()):  # preempting while the run went on: line by line, in order
+            for row in totals_rows(ev, range(ev.fields["count"])):
+                self._stats(row)
+            return
+        if self.preempt:
+            kv = cols.get("kv_usage") or ()
+            for row in totals_rows(ev, [i for i, v in enumerate(kv) if v >= KV_FULL]):
+                self.preempt.add(row, "stats.kv_usage_high", False)
+        waiting = cols.get("waiting") or ()
+        if waiting:
+            self.max_waiting = max(self.max_waiting, max(waiting))
+        deep = [i for i, v in enumerate(waiting) if v >= 4]
+        self.num_waiting_obs += len(deep)
+        for row in totals_rows(ev, deep):
+            self.queue.add(row, "stats.waiting", False)
 
     def _access(self, ev: Event) -> None:
         self.num_access += 1

@@ -73,7 +73,7 @@ class MemoryRule(Rule):
         ("oom.cuda", "oom.host", "oom.kv_capacity", "oom.weights", "driver.mismatch", "engine.error",
          "engine.startup", "engine.stats", "phase.weights_loading", "phase.weights_loaded", "phase.kv_setup",
          "phase.serving", "phase.start_failed", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished",
-         "metric"))
+         "metric", "engine.stats.totals"))
 
     def __init__(self):
         self.cands = {fid: Candidate(fid) for fid in (*PHASE_TO_ID.values(), "driver-mismatch")}
@@ -99,7 +99,7 @@ class MemoryRule(Rule):
         for kind in ("oom.cuda", "oom.host", "oom.weights"):
             table[kind] = self._oom_line
         for kind in ("phase.weights_loading", "phase.weights_loaded", "phase.kv_setup", "phase.serving",
-                     "engine.startup", "engine.stats"):  # (a stats line means the engine was serving)
+                     "engine.startup", "engine.stats", "engine.stats.totals"):  # (a stats line: serving)
             table[kind] = self._phase
         return table
 

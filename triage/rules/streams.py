@@ -25,7 +25,7 @@ class StreamRule(Rule):
          "gateway.upstream_closed", "gateway.upstream_timeout", "gateway.client_closed", "http.access",
          "http.error_page", "client.connect_refused", "client.stream_cut", "client.timeout", "client.cancel",
          "request.aborted", "request.finished", "client.request", "config.proxy_buffering",
-         "engine.stopping"),
+         "engine.stopping", "http.access.totals"),
         http_access=Need("http.access", not_from=("engine-json",)))  # the engine's own: the gateway's count
 
     def __init__(self):
@@ -69,6 +69,7 @@ class StreamRule(Rule):
             "client.cancel": self._client_cancel, "request.aborted": self._request_aborted,
             "request.finished": self._request_finished, "client.request": self._client_request,
             "config.proxy_buffering": self._config_proxy_buffering, "engine.stopping": self._engine_stopping,
+            "http.access.totals": self._access_totals,
         }
 
     # --- engine death ---
@@ -142,6 +143,17 @@ class StreamRule(Rule):
         duration = f.get("duration_s")
         if duration and duration >= 1.0:
             self._durations([duration])
+
+    def _access_totals(self, ev: Event) -> None:
+        """Served requests read in bulk: none was cut; their times of 1 s or more are counted."""
+        if ev.source == "engine-json":
+            return
+        counts = self.timeout_durations
+        for value, num in ev.fields["durations"].items():
+            if value >= 1.0:
+                key = round(value, 1)
+                if key in counts or len(counts) < 10_000:
+                    counts[key] = counts.get(key, 0) + num
 
     def _durations(self, durations: list[float]) -> None:
         """Request times of 1 s or more, by tenth of a second (at most 10,000 distinct), in order."""

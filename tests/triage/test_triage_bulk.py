@@ -1,0 +1,150 @@
+"""Routine lines read in bulk (triage.parsers.bulk) give the diagnosis that reading them line by line
+gives: the same findings, evidence, counts and time span, on logs of every bulk form with rare lines
+(504s, 499s, 429s, preemption, an OOM, a deep queue, prompts with times in them) among them."""
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import triage.diagnose as diagnose_module
+from triage.diagnose import DiagnoseOptions, Dispatcher, diagnose
+from triage.parsers import bulk
+from triage.report import render_json
+
+T0 = datetime(2026, 11, 29, 19, 0, 0, tzinfo=UTC)
+LINES = 6000  # a few blocks of 256 KB
+BULK_KINDS = diagnose_module.BULK_KINDS
+
+
+def _clf(t):
+    return t.strftime("%d/%b/%Y:%H:%M:%S +0000")
+
+
+def _iso(t):
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def _upstreaminfo(rng, i, t):
+    status = 504 if i % 997 == 500 else 499 if i % 1231 == 7 else 429 if i % 1500 == 3 else 200
+    rt = 60.0 if status == 504 else 0.5 + rng.random()
+    addr = f"10.0.3.{1 + (i // 2000) % 3}:8000"
+    return (f'10.0.0.{i % 5} - - [{_clf(t)}] "POST /v1/chat/completions HTTP/1.1" {status} 2048 "-" "ua/1" 412 '
+            f"{rt:.3f} [llm-engine] [] {addr} 2048 {rt - 0.001:.3f} {status} {rng.getrandbits(64):016x}")
+
+
+def _nginx_kv(rng, i, t):
+    status = 504 if 3000 <= i < 3020 else 200
+    rt = 60.001 if status == 504 else 0.8 + rng.random() * 0.4
+    return (f'10.0.0.7 - - [{_clf(t)}] "POST /v1/chat/completions HTTP/1.1" {status} 900 "-" "OpenAI/Python 1.51.0" '
+            f"rt={rt:.3f} uct=0.000 urt={rt - 0.001:.3f}")
+
+
+def _vllm(rng, i, t):
+    head = f"(APIServer pid=1) INFO {t.strftime('%m-%d %H:%M:%S')} [logger.py:43]"
+    if i % 3 == 0:
+        when = f"Today is {t.strftime('%Y-%m-%d %H:%M:%S')}. " if i > 4000 else ""
+        prompt = f"{when}You are a support assistant. Question {i % 7}: where is my order?"
+        if i == 2501:
+            prompt = "Loading weights of my thoughts"  # a phase word in a prompt: read line by line
+        return (f"{head} Received request chatcmpl-{i:08x}: prompt: '{prompt}', params: SamplingParams(n=1, "
+                f"temperature=0.7), prompt_token_ids: None, lora_request: None.")
+    if i % 3 == 1:
+        status = "503 Service Unavailable" if i % 1000 == 1 else "200 OK"
+        return f'(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - "POST /v1/chat/completions HTTP/1.1" {status}'
+    if i % 200 == 2:
+        return (f"{head.replace('logger.py:43', 'loggers.py:123')} Engine 000: Avg prompt throughput: 900.0 tokens/s, "
+                f"Avg generation throughput: 400.0 tokens/s, Running: 8 reqs, Waiting: {12 if i > 5000 else 0} reqs, "
+                f"GPU KV cache usage: {95.0 if i > 5000 else 30.0}%, Prefix cache hit rate: 50.0%")
+    if i == 5555:
+        return f"(EngineCore_0 pid=2) ERROR {t.strftime('%m-%d %H:%M:%S')} [core.py:700] torch.OutOfMemoryError: CUDA out of memory."
+    return f'(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - "GET /metrics HTTP/1.1" 200 OK'
+
+
+def _sglang(rng, i, t):
+    stamp = f"[{t.strftime('%Y-%m-%d %H:%M:%S')}]"
+    queue = 40 if 4000 <= i < 4100 else 0
+    usage = 0.95 if i > 4500 else 0.3
+    if i % 3 == 0:
+        return (f"{stamp} Prefill batch, #new-seq: 1, #new-token: {rng.randint(20, 400)}, #cached-token: 10, "
+                f"token usage: {usage:.2f}, #running-req: 8, #queue-req: {queue}, ")
+    if i % 3 == 1:
+        return f'{stamp} INFO:     127.0.0.1:{40000 + i} - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+    if i == 4502:
+        return f"{stamp} KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_token_ratio: 0.5000 -> 0.8000"
+    return (f"{stamp} Decode batch, #running-req: 8, #token: 4000, token usage: {usage:.2f}, cuda graph: True, "
+            f"gen throughput (token/s): 450.00, #queue-req: {queue}, ")
+
+
+def _envoy(rng, i, t):
+    flags, code = ("UT", 504) if i % 800 == 400 else ("DC", 0) if i % 1300 == 9 else ("-", 200)
+    row = {"start_time": _iso(t), "method": "POST", "path": "/v1/chat/completions", "protocol": "HTTP/1.1",
+           "response_code": code, "response_flags": flags, "bytes_received": 400, "bytes_sent": 2000,
+           "duration": 60000 if flags == "UT" else rng.randint(800, 1200), "x_forwarded_for": f"10.0.0.{i % 4}",
+           "request_id": f"{rng.getrandbits(64):016x}", "upstream_host": f"10.0.3.{1 + (i // 2500)}:30000"}
+    if i % 2:
+        row = dict(reversed(list(row.items())))  # the flags before the code
+    return json.dumps(row, separators=(",", ":"))
+
+
+FORMS = {"upstreaminfo": (_upstreaminfo, "access.log"), "nginx-kv": (_nginx_kv, "access.log"),
+         "vllm": (_vllm, "vllm.log"), "sglang": (_sglang, "sglang.log"), "envoy": (_envoy, "envoy.log")}
+
+
+def _write(folder, name):
+    make, file = FORMS[name]
+    rng = random.Random(7)
+    lines = [make(rng, i, T0 + timedelta(milliseconds=50 * i)) for i in range(LINES)]
+    while sum(map(len, lines)) < 600_000:
+        lines += lines[-LINES:]
+    (folder / file).write_text("\n".join(lines) + "\n")
+
+
+def _run(folder, monkeypatch, bulk_on: bool):
+    monkeypatch.setattr(diagnose_module, "BULK_KINDS", BULK_KINDS if bulk_on else frozenset())
+    totals = []
+    feed = Dispatcher.feed
+
+    def counting(self, ev):
+        if ev.kind.endswith(bulk.TOTALS):
+            totals.append(ev.fields["count"])
+        feed(self, ev)
+
+    monkeypatch.setattr(Dispatcher, "feed", counting)
+    d = diagnose(DiagnoseOptions([str(folder)]))
+    f = d.facts
+    facts = (f.first_ts, f.last_ts, f.last_request_ts, f.num_events, f.sources, f.num_requests, f.num_http_errors,
+             f.num_error_lines)
+    return json.loads(render_json(d.findings)), facts, sum(totals)
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_bulk_reading_gives_the_line_by_line_diagnosis(tmp_path, monkeypatch, name):
+    _write(tmp_path, name)
+    by_line, facts_by_line, none = _run(tmp_path, monkeypatch, False)
+    in_bulk, facts_in_bulk, num_bulk = _run(tmp_path, monkeypatch, True)
+    assert none == 0
+    assert num_bulk > 0.9 * facts_in_bulk[3]  # nearly every line a rule reads was read in bulk
+    assert in_bulk == by_line
+    assert facts_in_bulk == facts_by_line
+    assert by_line["findings"]  # the rare lines were found either way
+
+
+def test_a_rule_without_totals_gets_every_line(tmp_path):
+    """A kind is read in bulk only when every rule that reads it reads its totals too."""
+    from triage.rules import Need, Rule
+
+    class Lines(Rule):
+        needs = (Need("http.access"),)
+
+        def handlers(self):
+            return {"http.access": lambda ev: None}
+
+        def findings(self, facts):
+            return []
+
+    from triage.rules import all_rules
+    assert Dispatcher(all_rules(), None, None).wanted.bulk_forms
+    assert "upstreaminfo" not in Dispatcher([*all_rules(), Lines()], None, None).wanted.bulk_forms
+    assert not Dispatcher(all_rules(), T0.replace(tzinfo=None), None).wanted.bulk_forms  # --since: by line

@@ -1,0 +1,293 @@
+"""Routine lines read in bulk: a run of lines that are all served requests (access lines of 1xx-3xx,
+uvicorn's "200 OK"), logged prompts or SGLang batch stats becomes one `<kind>.totals` event per kind,
+whose fields the rules read as totals (a count, a time range, counters of values, columns); every
+other line (a 504, a 499, an error, a preemption) still reaches the rules one by one, with its file and
+line.
+
+Runs are found by one RE2 pass over a block's bytes (the routine forms, anchored per line), so a line
+is either in a run or read as before; within a run each form's fields are taken by one `re.findall`
+over the run's text, and counted in C (Counter, set). A form's extraction that does not find one row
+per line (a field missing, twice in a line) gives the run back to the line-by-line reading: the bulk
+path never guesses. A row's own event (evidence to quote) is made on demand by the per-line parser
+itself, from the row's line."""
+
+import re
+from collections import Counter
+from collections.abc import Callable
+
+import re2
+
+from triage.model import Event
+from triage.timeparse import parse_clf, parse_iso, parse_md_hms
+
+TOTALS = ".totals"
+# Bytes whose presence anywhere in a run sends it back to the line-by-line reading: what makes the
+# per-line path read a routine-looking line otherwise (ANSI codes, the HAProxy and nvidia-smi tests,
+# a CUDA build tag).
+_TRICKY = (b"\x1b", b"haproxy[", b"NVIDIA-SMI", b"+cu", b"CUDA runtime version")
+_NUM = r"(?:\d+(?:\.\d+)?|-)"
+# nginx's combined format as triage.parsers.gateways reads it, served (1xx-3xx); the client starts with a
+# digit or "[" (what FileParser.parse takes as an access line)
+_COMBINED = (r'[\d\[]\S* \S+ \S+ \[[^\]\n]+\] "[^"\n]*" [1-3]\d\d (?:\d+|-)(?: "[^"\n]*" "[^"\n]*")?')
+
+
+def _envoy_json() -> str:
+    field = r'"[\w.-]+":(?:"[^"\\\n]*"|-?(?:0|[1-9]\d*)(?:\.\d+)?|null|true|false)'
+    code, flags = r'"response_code":[1-3]\d\d', r'"response_flags":"-"'
+    fields = f"(?:{field},)*"
+    return (rf"\{{{fields}(?:{code},{fields}{flags}|{flags},{fields}{code})(?:,{field})*\}}")
+
+
+_FORMS: dict[str, tuple[str, str, str]] = {  # name -> (kind, source, one whole line, RE2 syntax)
+    # ingress-nginx upstreaminfo (gateways.NGINX_UPSTREAMINFO)
+    "upstreaminfo": ("http.access", "nginx-access",
+                     _COMBINED + r" \d+ (?:\d+\.?\d*|\.\d+) \[[^\]\n]*\] \[[^\]\n]*\] \S+ \S+ "
+                     r"(?:\d+\.?\d*|\.\d+|-) \S+(?: \S+)?"),
+    # a log_format with timings as key=value: request time first, then upstream times only
+    "nginx-kv": ("http.access", "nginx-access",
+                 _COMBINED + rf" (?:rt|request_time)={_NUM}(?: (?:uct|uht|urt|upstream_connect_time|"
+                 rf"upstream_header_time|upstream_response_time)={_NUM})*"),
+    # uvicorn's access line (vLLM and SGLang API servers), "INFO:" within its first 32 characters
+    "uvicorn": ("http.access", "uvicorn",
+                r'(?:\(\w{1,12} pid=\d{1,7}\) )?INFO: +[\d.:\[\]a-f]+ - "[A-Z]+ [^\s"\[]+ HTTP/[\d.]+" '
+                r"[1-3]\d\d(?: [A-Za-z '-]*)?"),
+    # SGLang prints uvicorn's access line after its own "[<time>] " (a line the per-line reading makes
+    # nothing of): counted as read, nothing else
+    "sglang-uvicorn": ("", "sglang",
+                       r'\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]\n]*\] INFO: +[\d.:\[\]a-f]+ - "[A-Z]+ [^\s"\[#]+ '
+                       r"HTTP/[\d.]+\" \d{3}(?: [A-Za-z '-]*)?"),
+    # Envoy's (Istio's) JSON access log, served with no response flag: flat objects (no escapes, no
+    # nesting: a key is never inside a value), response_code and response_flags once each (counted)
+    "envoy-json": ("http.access", "envoy", _envoy_json()),
+    # vLLM's request logging: "Received request <id>: prompt: '...', params: ..."
+    "received": ("request.received", "vllm",
+                 r"\([\w.-]+ pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\]? ?"
+                 r"Received request [^\s:]+:? prompt: ['\"][^\n]*"),
+    # SGLang's scheduler: "[<time>] Prefill batch, ..." / "Decode batch, ..."
+    "sglang-batch": ("engine.stats", "sglang",
+                     r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]\n]*\] (?:Prefill|Decode) batch, [^\n]*"),
+}
+# Each form's fields, one match per line of the form: a "\n" put before the run anchors them at line
+# starts (a literal first: the search skips to the next line at C speed)
+_EXTRACT = {
+    "upstreaminfo": re.compile(
+        r'\n(\S+) \S+ \S+ \[([^\]\n]+)\] "[^"\n]*" \d{3} (?:\d+|-)(?: "[^"\n]*" "[^"\n]*")? \d+ '
+        r"(\d+\.?\d*|\.\d+) \[[^\]\n]*\] \[[^\]\n]*\] (\S+) [^\n]*"),
+    "nginx-kv": re.compile(r'\n[\d\[]\S* \S+ \S+ \[([^\]\n]+)\] "[^"\n]*" \d{3} (?:\d+|-)(?: "[^"\n]*" "[^"\n]*")? '
+                           r"(?:rt|request_time)=(\S+)[^\n]*"),
+    "received": re.compile(r"\n\([\w.-]+ pid=\d+\) INFO (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./-]+:\d+\]? ?"
+                           r"Received request [^\s:]+:? prompt: ([^\n]*)"),
+    "sglang-batch": re.compile(r"\n\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]\n]*\] (?:Prefill|Decode) batch, [^\n]*"),
+    "uvicorn": re.compile(r"\n(?:\(\w{1,12} pid=\d{1,7}\) )?INFO: +"),
+    "sglang-uvicorn": re.compile(r"\n\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]\n]*\] INFO: "),
+    "envoy-json": re.compile(r'\n\{[^\n]*"response_code":'),
+}
+_ENVOY_KEYS = ("response_flags", "start_time", "duration", "upstream_host", "downstream_remote_address",
+               "x_forwarded_for", "event", "logger", "ttft_s")
+_ENVOY_VALUES = {key: re.compile(rf'"{key}":("[^"\n]*"|[^,}}\n]*)') for key in _ENVOY_KEYS}
+# A literal each line of the form holds: a run without it has none of its lines (no findall then)
+_MARK = {"upstreaminfo": "] [", "nginx-kv": "] \"", "received": "Received request", "sglang-batch": " batch, ",
+         "uvicorn": "INFO:", "sglang-uvicorn": "] INFO: ", "envoy-json": '"response_code":'}
+_SGL_COLUMNS = (("waiting", re.compile(r"#queue-req: (\d+)"), int),
+                ("running", re.compile(r"#running-req: (\d+)"), int),
+                ("kv_usage", re.compile(r"token usage: ([\d.]+)"), float))
+
+
+def run_pattern(names: list[str]) -> "re2._Regexp | None":
+    """RE2 over bytes: the next run of whole lines each of one of these forms."""
+    if not names:
+        return None
+    options = re2.Options()
+    options.max_mem = 64 << 20
+    alternation = "|".join(f"(?:{_FORMS[n][2]})" for n in names)
+    return re2.compile(f"(?m)^(?:(?:{alternation})\n)+".encode(), options)
+
+
+def kinds_of(name: str) -> tuple[str, str]:
+    return _FORMS[name][:2]
+
+
+FORM_NAMES = tuple(_FORMS)
+
+
+class Run:
+    """One run of routine lines in a file: its text, where it starts, and each row's line on demand."""
+
+    def __init__(self, file: str, first: int, text: str, event_of: Callable[[int, str], Event | None]):
+        self.file, self.first, self.text = file, first, text  # first: the line number before the run
+        self.event_of = event_of  # (line number, line) -> the per-line parser's event of that line
+        self.starts: dict[str, list[int]] = {}
+
+    def line(self, form: str, row: int) -> tuple[int, str]:
+        """(line number, text) of the form's row-th line in the run."""
+        starts = self.starts.get(form)
+        if starts is None:
+            starts = self.starts[form] = [m.start() for m in _EXTRACT[form].finditer("\n" + self.text)]
+        at = starts[row]  # the offset of the line in the run (the "\n" put before it is one character)
+        end = self.text.find("\n", at)
+        return self.first + 1 + self.text.count("\n", 0, at), self.text[at:end]
+
+    def event(self, form: str, row: int) -> Event | None:
+        return self.event_of(*self.line(form, row))
+
+
+def _time_range(stamps: list[str], parse) -> tuple:
+    """(first, last) time of these stamps (each distinct one parsed once)."""
+    times = [t for t in map(parse, set(stamps)) if t is not None]
+    return (min(times), max(times)) if times else (None, None)
+
+
+def _md_hms(stamp: str):
+    return parse_md_hms(stamp[:5], stamp[6:])
+
+
+def summarise(run: Run, names: list[str], nlines: int) -> list[Event] | None:
+    """The totals events of a run; None when its rows cannot all be told apart (read it line by line)."""
+    text = "\n" + run.text
+    out: list[Event] = []
+    accounted = 0
+    for name in names:
+        if _MARK[name] not in text:
+            continue
+        rows = _EXTRACT[name].findall(text)
+        if not rows:
+            continue
+        accounted += len(rows)
+        if accounted > nlines:
+            return None
+        made = _SUMMARISE[name](run, name, rows, text)
+        if made is None:
+            return None
+        if made is not False:
+            out.append(made)
+    return out if accounted == nlines else None
+
+
+def _totals(run: Run, form: str, count: int, first_ts, last_ts, fields: dict) -> Event:
+    kind, source = _FORMS[form][:2]
+    fields.update(count=count, first_ts=first_ts, last_ts=last_ts, form=form,
+                  event=lambda row, run=run, form=form: run.event(form, row))
+    return Event(first_ts, source, kind + TOTALS, fields, run.file, None, "")
+
+
+def _upstreaminfo(run: Run, form: str, rows: list, text: str) -> Event:
+    clients, stamps, times, addrs = zip(*rows, strict=True)
+    durations: Counter = Counter()
+    for raw, num in Counter(times).items():
+        durations[float(raw)] += num
+    pairs = list(zip(clients, addrs, strict=True))
+    first_rows = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1), strict=True))  # each pair's first row
+    routes = {pair: row for pair, row in sorted(first_rows.items(), key=lambda item: item[1]) if pair[1] != "-"}
+    first, last = _time_range(stamps, parse_clf)
+    return _totals(run, form, len(rows), first, last, {"durations": durations, "routes": routes})
+
+
+def _nginx_kv(run: Run, form: str, rows: list, text: str) -> Event:
+    stamps, times = zip(*rows, strict=True)
+    durations: Counter = Counter()
+    for raw, num in Counter(times).items():
+        if raw != "-":
+            durations[float(raw)] += num
+    first, last = _time_range(stamps, parse_clf)
+    return _totals(run, form, len(rows), first, last, {"durations": durations, "routes": {}})
+
+
+def _received(run: Run, form: str, rows: list, text: str) -> Event | None:
+    if "Avg prompt throughput" in text or "#running-req" in text:
+        return None  # a prompt that the per-line reading would take for a stats line
+    stamps, rests = zip(*rows, strict=True)
+    prompts: dict[str, int] = {}
+    for rest, row in reversed({rest: row for row, rest in reversed(list(enumerate(rests)))}.items()):
+        end = rest.find(rest[0] + ", params", 1)
+        if end < 0:
+            return None  # no end of prompt where the line parser looks: it reads such a line itself
+        prompts.setdefault(rest[1:end], row)
+    first, last = min(stamps), max(stamps)  # "MM-DD HH:MM:SS" sorts as it reads
+    return _totals(run, form, len(rows), _md_hms(first), _md_hms(last),
+                   {"prompts": dict(sorted(prompts.items(), key=lambda item: item[1]))})
+
+
+def _sglang(run: Run, form: str, rows: list, text: str) -> Event | None:
+    if "Avg prompt throughput" in text:
+        return None
+    columns = {}
+    for key, pattern, conv in _SGL_COLUMNS:
+        values = pattern.findall(text)
+        if len(values) != len(rows):
+            return None  # a field missing from a line, or in one twice: line by line
+        columns[key] = list(map(conv, values))
+    first, last = min(rows), max(rows)  # "YYYY-MM-DD HH:MM:SS" sorts as it reads
+    return _totals(run, form, len(rows), parse_iso(first), parse_iso(last), {"columns": columns})
+
+
+def _uvicorn(run: Run, form: str, rows: list, text: str) -> Event:
+    return _totals(run, form, len(rows), None, None, {"durations": Counter(), "routes": {}})
+
+
+def _nothing(run: Run, form: str, rows: list, text: str) -> bool:
+    return False  # lines the per-line reading makes no event of
+
+
+def _envoy(run: Run, form: str, rows: list, text: str) -> Event | None:
+    n = len(rows)
+    if n != text.count('"response_code":'):
+        return None  # only Envoy lines in the run: each with the key once
+    values = {}
+    for key, pattern in _ENVOY_VALUES.items():
+        found = pattern.findall(text) if f'"{key}":' in text else []
+        if len(found) not in (0, n):
+            return None  # a key in some lines only: line by line
+        values[key] = found
+    if values["event"] or values["logger"] or values["ttft_s"] or len(values["response_flags"]) != n:
+        return None  # what the per-line reading would take for another format's JSON
+    stamps = values["start_time"]
+    if stamps and not all(s.startswith('"') for s in set(stamps)):
+        return None
+    first = last = None
+    if stamps:
+        if len(set(map(len, stamps))) == 1:  # one shape: ISO times sort as they read
+            first, last = parse_iso(min(stamps)[1:-1]), parse_iso(max(stamps)[1:-1])
+        else:
+            first, last = _time_range([s[1:-1] for s in stamps], parse_iso)
+    durations: Counter = Counter()
+    for raw, num in Counter(values["duration"]).items():
+        if raw.strip('"') not in ("", "-", "null"):
+            ms = _float(raw.strip('"'))
+            if ms is None:
+                return None
+            durations[ms / 1000] += num
+    routes: dict = {}
+    hosts = values["upstream_host"]
+    if hosts:
+        clients = values["downstream_remote_address"] or values["x_forwarded_for"]
+        if values["downstream_remote_address"] and values["x_forwarded_for"]:
+            if any(c in ('""', "null") for c in set(values["downstream_remote_address"])):
+                return None  # the per-line reading falls back to x_forwarded_for there
+        pairs = list(zip(clients or ["null"] * n, hosts, strict=True))
+        first_rows = dict(zip(reversed(pairs), range(n - 1, -1, -1), strict=True))  # each pair's first row
+        for (client, host), row in sorted(first_rows.items(), key=lambda item: item[1]):
+            if host not in ('""', '"-"', "null"):
+                routes.setdefault((_client(client), host.strip('"')), row)
+    return _totals(run, form, n, first, last, {"durations": durations, "routes": routes})
+
+
+def _client(raw: str) -> str | None:
+    if raw in ('""', "null", "false", "0"):
+        return None
+    return raw.strip('"').rsplit(":", 1)[0]
+
+
+def _float(raw: str) -> float | None:
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
+_SUMMARISE = {"upstreaminfo": _upstreaminfo, "nginx-kv": _nginx_kv, "received": _received,
+              "sglang-batch": _sglang, "uvicorn": _uvicorn, "sglang-uvicorn": _nothing, "envoy-json": _envoy}
+
+
+def stop_words() -> list[str]:
+    """RE2 (literal) alternatives for what sends a run back to the line-by-line reading."""
+    return [re.escape(t.decode()) for t in _TRICKY]

@@ -157,6 +157,7 @@ class FileParser:
         self.marked: tuple[set[int], ...] = ()  # () until a line of the block asks
         self.block = ""
         self.line = ""  # the line parse() is at (its own text, not a message inside it)
+        self.forms = list(self.wanted.bulk_forms)  # bulk forms, those this file had first
 
     def candidates(self, first: int, block: str) -> list[tuple[int, str]]:
         """(line number, line) of the block's lines that may hold events, in order: those with a keyword,
@@ -201,11 +202,14 @@ class FileParser:
             if nlines < MIN_RUN:
                 continue
             chunk = raw[start:end]
-            if stop(chunk):
+            if bulk.read_per_line(chunk) and stop(chunk):
                 continue  # a line of it may be read otherwise: line by line
             before = first + count(b"\n", 0, start)
-            totals = bulk.summarise(bulk.Run(self.file, before, block[start:end], self._row_event),
-                                    self.wanted.bulk_forms, nlines)
+            run = bulk.Run(self.file, before, block[start:end], self._row_event)
+            try:
+                totals = bulk.summarise(run, self.forms, nlines)
+            except (ValueError, IndexError, TypeError):  # a bug must cost the bulk path, never the diagnosis
+                totals = None
             if totals is None:
                 continue
             if gap < start:

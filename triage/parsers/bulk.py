@@ -142,11 +142,16 @@ def _md_hms(stamp: str):
 
 
 def summarise(run: Run, names: list[str], nlines: int) -> list[Event] | None:
-    """The totals events of a run; None when its rows cannot all be told apart (read it line by line)."""
+    """The totals events of a run; None when its rows cannot all be told apart (read it line by line).
+    names: the forms to try, those a file had before first (once they account for every line of the
+    run, no other form can have one)."""
     text = "\n" + run.text
     out: list[Event] = []
     accounted = 0
+    found = []
     for name in names:
+        if accounted == nlines:
+            break
         if _MARK[name] not in text:
             continue
         rows = _EXTRACT[name].findall(text)
@@ -160,7 +165,18 @@ def summarise(run: Run, names: list[str], nlines: int) -> list[Event] | None:
             return None
         if made is not False:
             out.append(made)
-    return out if accounted == nlines else None
+        found.append(name)
+    if accounted != nlines:
+        return None
+    if names[:len(found)] != found:  # the forms found go first for the file's next runs
+        names[:] = found + [n for n in names if n not in found]
+    return out
+
+
+def read_per_line(chunk: bytes) -> bool:
+    """Whether a run holds a form whose lines the per-line reading also scans for catalog keywords and
+    start-up phase words (a logged prompt, an SGLang line): then the run is checked for them."""
+    return b"Received request" in chunk or b"] " in chunk and (b" batch, " in chunk or b"] INFO: " in chunk)
 
 
 def _totals(run: Run, form: str, count: int, first_ts, last_ts, fields: dict) -> Event:
@@ -289,5 +305,6 @@ _SUMMARISE = {"upstreaminfo": _upstreaminfo, "nginx-kv": _nginx_kv, "received": 
 
 
 def stop_words() -> list[str]:
-    """RE2 (literal) alternatives for what sends a run back to the line-by-line reading."""
+    """RE2 (literal) alternatives for what sends a run of logged prompts or SGLang lines back to the
+    line-by-line reading (an access line's reading never looks for them)."""
     return [re.escape(t.decode()) for t in _TRICKY]

@@ -34,6 +34,8 @@ OVERSUBSCRIBED = 1.5
 # The failure messages of gameday.verdict that machine load can explain.
 _UNEXPECTED = re.compile(r"^unexpected alert fired: (?P<name>\S+) on (?P<instance>\S+) at ")
 _NEVER = re.compile(r"^alert (?P<names>.+) never fired ")
+# gameday.agreement: a latency p50 outside the engine's median bucket
+_DISAGREES = re.compile(r"^(TTFT|ITL|TPOT|E2E): loadgen p50 .* is not in the bucket ")
 _DOWN_FOR = re.compile(r"^LLMEngineDown fired for \[(?P<instances>[^\]]*)\], expected only (?P<killed>\S+)$")
 
 
@@ -214,6 +216,10 @@ def _explained(failure: str, load: MachineLoad, down_alerts: set[str]) -> str | 
         return load.starved_because() if load.starved else None
     if _NEVER.match(failure):
         return load.starved_because() if load.starved else None
+    if _DISAGREES.match(failure):  # the client timed its own waits for a CPU
+        if "the client fell behind" in failure:
+            return "loadgen's own event loop fell behind"
+        return f"{load.runnable_per_core:.1f} runnable tasks per core" if load.oversubscribed else None
     if match := _DOWN_FOR.match(failure):
         extra = [i.strip().strip("'") for i in match["instances"].split(",")]
         extra = [i for i in extra if i and i != match["killed"]]

@@ -100,16 +100,35 @@ def _wait_probe_done(stack: Stack, proc) -> None:
                PROBE_TIMEOUT_S, "Locust's calibration probe")
 
 
+def _snapshot_metrics(stack: Stack, when: str) -> None:
+    """engine-0's /metrics as it stands now, into metrics/engine-0-<when>.txt."""
+    url = f"http://{stack.engine_addrs[0]}/metrics"
+    try:
+        status, body = http_get(url, timeout_s=30)
+    except OSError as exc:
+        raise GamedayError(f"cannot read {url} {when} the load: {exc}") from exc
+    if status != 200:
+        raise GamedayError(f"{url} answered {status} {when} the load")
+    (stack.report_dir / "metrics").mkdir(exist_ok=True)
+    (stack.report_dir / "metrics" / f"engine-0-{when}.txt").write_bytes(body)
+
+
 def _run_load(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) -> AlertWatcher:
     if not scenario.phases:
         return _observe(stack, scenario, start_ts, log)
     watcher: AlertWatcher | None = None
     load_start = time.monotonic()
     pending = sorted(scenario.faults, key=lambda f: f.at_s)
+    # loadgen against the engine itself, no gateway between; Prometheus only once the load is over:
+    # on 2 cores its 1 s scrapes and rule evaluations starve the client and vLLM's API server
+    direct = scenario.loadgen_agreement
+    host = f"http://{stack.engine_addrs[0]}" if direct else stack.gateway_url
     for index, phase in enumerate(scenario.phases):
-        proc = start_phase(stack.sup, phase, index, stack.gateway_url, stack.report_dir)
+        if direct:
+            _snapshot_metrics(stack, "before")
+        proc = start_phase(stack.sup, phase, index, host, stack.report_dir)
         log.add(start_ts, f"load phase {index}: {phase.profile}, {phase.users} users, {phase.run_time_s}s")
-        if watcher is None:
+        if watcher is None and not direct:
             _wait_probe_done(stack, proc)
             watcher = _observe(stack, scenario, start_ts, log)
             load_start = time.monotonic()  # harness faults are timed from here: Prometheus is watching
@@ -122,8 +141,9 @@ def _run_load(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) ->
                 raise GamedayError(f"load phase {index} ({phase.profile}) did not stop within its run time")
             time.sleep(0.2)
         log.add(start_ts, f"load phase {index} ended, locust exit code {proc.returncode}")
-    assert watcher is not None
-    return watcher
+        if direct:
+            _snapshot_metrics(stack, "after")
+    return watcher or _observe(stack, scenario, start_ts, log)
 
 
 def _inject(stack: Stack, fault, start_ts: float, log: RunLog) -> None:

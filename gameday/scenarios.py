@@ -52,6 +52,9 @@ class Scenario:
     probe_dashboards: bool = False  # run every dashboard panel query at the end (dashboards.json)
     # proxy-buffering: the client's TTFT p50 over the engine's own mean TTFT must reach this
     min_client_ttft_ratio: float | None = None
+    # Load straight to engine-0 (no gateway), its /metrics read before and after: loadgen's p50s must
+    # lie in the engine's median buckets and its usage tokens equal the engine's (gameday.agreement)
+    loadgen_agreement: bool = False
 
 
 # Default prompt and answer sizes keep a CPU step short; the scenario flags make the fault.

@@ -9,11 +9,15 @@ a queue limit, the context window), by the gateway, by the clients or by a kill.
 from __future__ import annotations
 
 from gameday.scenarios import Fault, LoadPhase, Scenario
+from gameday.stack import REPO_ROOT
 
 # Per-request lines (Received request, Aborted request(s), Request ... aborted): the log a
 # deployment that wants to debug keeps on; without it vLLM logs no trace of an abort.
 _LOG = ["--enable-log-requests"]
 _STEADY = ["--output-tokens", "32", "--prompt-tokens", "64"]
+# 16 fixed prompts of 48 words (ShareGPT form): with a dataset loadgen sends no calibration probe,
+# so every generation request vLLM sees between the two /metrics reads is one of the measured ones.
+FIXED_PROMPTS = REPO_ROOT / "gameday" / "data" / "fixed-prompts.json"
 
 
 def _vllm(**kwargs) -> Scenario:
@@ -81,6 +85,12 @@ VLLM_SCENARIOS: list[Scenario] = [
                   LoadPhase("dynamic-prefix", users=2, run_time_s=30,
                             extra_args=[*_STEADY, "--prefix-tokens", "256", "--block-size", "128"])],
           expected_alerts=[["LLMPrefixCacheHitRateLow"]], expected_finding="cache-miss", expected_cause="dynamic-prefix"),
+    _vllm(name="loadgen-agreement",
+          summary="locust -f loadgen/chat.py straight at vLLM: its TTFT/ITL/TPOT/E2E p50 in the median bucket "
+                  "of vLLM's own histograms, its usage tokens equal to vllm:generation_tokens_total",
+          engine_flags=_LOG, loadgen_agreement=True,
+          phases=[LoadPhase("steady", users=1, run_time_s=20,
+                            extra_args=["--dataset", str(FIXED_PROMPTS), "--output-tokens", "64", "--seed", "7"])]),
     _vllm(name="replica-down", summary="two vLLM replicas behind nginx, one killed mid-load; traffic continues",
           engine_flags=_LOG, num_replicas=2, faults=[Fault("kill-replica", at_s=8.0, replica=1)],
           phases=[LoadPhase("steady", users=4, run_time_s=20, extra_args=_STEADY)],

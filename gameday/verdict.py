@@ -6,6 +6,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+from gameday import agreement
 from gameday.checks import AlertWatcher, TriageResult, runbook_file
 from gameday.load import read_summary as load_summary
 from gameday.scenarios import Scenario
@@ -23,6 +24,8 @@ def check(scenario: Scenario, stack: Stack, watcher: AlertWatcher, triage: Triag
     failures += check_triage(scenario, triage)
     if any(f.kind == "kill-replica" for f in scenario.faults):
         failures += check_replica_down(stack, watcher, log, notes)
+    if scenario.loadgen_agreement:
+        failures += check_loadgen_agreement(stack, notes)
     if scenario.min_client_ttft_ratio is not None:
         histogram = "vllm:time_to_first_token_seconds" if scenario.engine == "vllm" else "llm_time_to_first_token_seconds"
         failures += check_client_ttft(scenario.min_client_ttft_ratio, stack, notes, histogram)
@@ -52,6 +55,35 @@ def check_client_ttft(min_ratio: float, stack: Stack, notes: list[str],
         return [f"client TTFT p50 {client_ttft:.3f}s is only {ratio:.1f}x the engine's mean {engine_ttft:.3f}s "
                 f"(expected >= {min_ratio:g}x behind a buffering gateway)"]
     return []
+
+
+def check_loadgen_agreement(stack: Stack, notes: list[str]) -> list[str]:
+    """loadgen's p50s in the engine's median buckets, its usage tokens equal to the engine's count
+    (gameday.agreement); the table goes to agreement.md and the notes."""
+    metrics = stack.report_dir / "metrics"
+    load_dirs = sorted((stack.report_dir / "load").glob("0-*"))
+    summary = load_summary(load_dirs[0]) if load_dirs else None
+    try:
+        before = (metrics / "engine-0-before.txt").read_text()
+        after = (metrics / "engine-0-after.txt").read_text()
+    except OSError as exc:
+        return [f"loadgen agreement: the engine's /metrics was not read before and after the load: {exc}"]
+    if summary is None:
+        return ["loadgen agreement: no loadgen summary for the load phase"]
+    try:
+        result = agreement.compare(before, after, summary)
+    except agreement.ExpositionError as exc:
+        return [f"loadgen agreement: {exc}"]
+    agreement.write(result, stack.report_dir)
+    for row in result.rows:
+        offset = row.mean_offset_s
+        notes.append(f"{row.metric}: vLLM p50 in {agreement.fmt_bucket(row.bucket)}, loadgen p50 "
+                     f"{agreement.fmt_ms(row.loadgen_p50_s)} ({'agrees' if row.agrees else 'DISAGREES'}); "
+                     f"samples {row.engine_count}/{row.loadgen_count}; mean offset "
+                     f"{'-' if offset is None else f'{offset * 1000:+.2f} ms'}")
+    notes.append(f"output tokens: vLLM {result.engine_output_tokens}, loadgen usage {result.loadgen_output_tokens} "
+                 f"over {result.engine_requests}/{result.loadgen_requests} requests")
+    return result.failures
 
 
 def check_alerts(scenario: Scenario, watcher: AlertWatcher) -> list[str]:

@@ -144,3 +144,16 @@ def test_procs_running_and_the_sampler():
         time.sleep(0.05)
     per_core = sampler.stop()
     assert sampler.samples and per_core is not None and per_core >= 0
+
+
+def test_a_loadgen_disagreement_is_too_busy_only_when_the_client_or_the_cpus_fell_behind():
+    base = ("TTFT: loadgen p50 50.23 ms is not in the bucket (20, 40] ms holding the median of "
+            "vllm:time_to_first_token_seconds")
+    behind = base + " (loadgen's own loop ran timers 366 ms late at p99: the client fell behind)"
+    assert judge([base], _load(missed=40, timed_out=3), DOWN)[0] == busy.FAIL  # Prometheus ran after the load
+    assert judge([base], _load(runnable=2.1), DOWN) == (
+        busy.TOO_BUSY, [base + " (the machine was too busy to judge: 2.1 runnable tasks per core)"])
+    assert judge([behind], _load(), DOWN) == (
+        busy.TOO_BUSY, [behind + " (the machine was too busy to judge: loadgen's own event loop fell behind)"])
+    tokens = "output tokens: the engine generated 12, loadgen's usage says 11"
+    assert judge([behind, tokens], _load(runnable=4.0), DOWN)[0] == busy.FAIL  # a count is never the machine's

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,9 +16,10 @@ from gameday.errors import GamedayError
 from gameday.procs import ProcSpec, Supervisor
 from gameday.scenarios_vllm import VLLM_SCENARIOS
 from gameday.vllm import _session_processes, engine_core_pid
+from loadgen.prompts import load_sharegpt
 
 VLLM_NAMES = ["healthy", "client-abort", "gateway-timeout", "engine-crash", "kv-pressure", "admission-overload",
-              "proxy-buffering", "context-overflow", "dynamic-prefix", "replica-down"]
+              "proxy-buffering", "context-overflow", "dynamic-prefix", "loadgen-agreement", "replica-down"]
 
 
 def test_list_engine_vllm_names_every_vllm_scenario(capsys):
@@ -28,6 +30,15 @@ def test_list_engine_vllm_names_every_vllm_scenario(capsys):
     assert [s.name for s in VLLM_SCENARIOS] == VLLM_NAMES
     assert all(s.engine == "vllm" for s in VLLM_SCENARIOS)
     assert "alert: LLMRequestsRejected; first finding: queue-backlog" in out
+
+
+def test_loadgen_agreement_sends_one_phase_of_fixed_prompts_straight_to_vllm():
+    scenario = next(s for s in VLLM_SCENARIOS if s.name == "loadgen-agreement")
+    assert scenario.loadgen_agreement and scenario.num_replicas == 1 and len(scenario.phases) == 1
+    args = scenario.phases[0].extra_args
+    dataset = Path(args[args.index("--dataset") + 1])  # with a dataset loadgen sends no calibration probe
+    assert [len(e.turns) for e in load_sharegpt(dataset)] == [1] * 16
+    assert not scenario.expected_alerts and scenario.expected_finding is None
 
 
 def test_unknown_vllm_scenario_is_one_line(capsys):

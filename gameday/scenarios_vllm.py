@@ -15,6 +15,12 @@ from gameday.stack import REPO_ROOT
 # deployment that wants to debug keeps on; without it vLLM logs no trace of an abort.
 _LOG = ["--enable-log-requests"]
 _STEADY = ["--output-tokens", "32", "--prompt-tokens", "64"]
+# The derived abort ratio needs ~6 s of scrapes (rate windows of 4-5 s, then the ratio of two recorded
+# series) and then its 5 s `for`, all while aborts go on: it ends about 5 s after the last abort. On a
+# busy 2-core machine Locust's start and probe took up to 11 s of a phase and Prometheus 9 s more to its
+# first scrape, so a 20 s phase left as little as 0.4 s of margin (the alert fired at +71.4 s, the load
+# ended at +71.0 s). 45 s leaves at least 15 s of watched aborts.
+_ABORT_LOAD_S = 45
 # 16 fixed prompts of 48 words (ShareGPT form): with a dataset loadgen sends no calibration probe,
 # so every generation request vLLM sees between the two /metrics reads is one of the measured ones.
 FIXED_PROMPTS = REPO_ROOT / "gameday" / "data" / "fixed-prompts.json"
@@ -34,17 +40,22 @@ VLLM_SCENARIOS: list[Scenario] = [
           # vllm:request_success_total{finished_reason="abort"} stays 0: the adapter derives aborts
           # from the HTTP server's 2xx count less the finished requests.
           engine_flags=_LOG,
-          phases=[LoadPhase("abort", users=2, run_time_s=20, extra_args=["--output-tokens", "128", "--prompt-tokens", "64"])],
+          # 16 tokens before each cancel (not loadgen's default 3): a fifth of the requests per second,
+          # so the API server, Locust and Prometheus do not starve each other on the one core vLLM's
+          # worker leaves them; every request is still cut.
+          phases=[LoadPhase("abort", users=2, run_time_s=_ABORT_LOAD_S,
+                            extra_args=["--output-tokens", "128", "--prompt-tokens", "64", "--abort-after-tokens", "16"])],
           expected_alerts=[["LLMStreamAbortsHigh"]], expected_finding="stream-cut-client-disconnect", ci=True),
     _vllm(name="gateway-timeout",
           summary="nginx proxy_read_timeout 1s, but a non-streamed 400-token answer takes vLLM several seconds",
           engine_flags=_LOG, proxy_read_timeout_s=1.0,
-          phases=[LoadPhase("steady", users=2, run_time_s=20,
+          # vLLM aborts a non-streamed request when its client (nginx) hangs up (with_cancellation: the
+          # handler is cancelled at the disconnect, the engine logs "Aborted request(s)") and counts it
+          # 2xx in http_requests_total then, about 1 s after it arrived.
+          phases=[LoadPhase("steady", users=2, run_time_s=_ABORT_LOAD_S,
                             extra_args=["--no-stream", "--output-tokens", "400", "--prompt-tokens", "64"])],
           expected_alerts=[["LLMStreamAbortsHigh", "LLMErrorRateHigh"]], expected_finding="stream-cut-gateway-timeout",
-          # Not in the CI subset: vLLM counts a request cut by nginx in http_requests_total only when its
-          # generation ends, so on some runs the derived abort ratio has no sample in the alert's window.
-          ci=False),
+          ci=True),
     _vllm(name="engine-crash",
           summary="the engine core process (VLLM::EngineCore) is SIGKILLed mid-load: EngineDeadError, the server exits",
           engine_flags=_LOG, faults=[Fault("kill-engine-core", at_s=8.0)],

@@ -32,6 +32,13 @@ def test_list_engine_vllm_names_every_vllm_scenario(capsys):
     assert "alert: LLMRequestsRejected; first finding: queue-backlog" in out
 
 
+def test_vllm_ci_subset_is_the_documented_one_and_abort_loads_outlast_the_alert():
+    assert [s.name for s in VLLM_SCENARIOS if s.ci] == ["healthy", "client-abort", "gateway-timeout", "engine-crash"]
+    for name in ("client-abort", "gateway-timeout"):  # Locust's start, Prometheus's first scrape, ~6 s of
+        scenario = next(s for s in VLLM_SCENARIOS if s.name == name)  # rate windows, the 5 s for: 45 s
+        assert [p.run_time_s for p in scenario.phases] == [45]
+
+
 def test_loadgen_agreement_sends_one_phase_of_fixed_prompts_straight_to_vllm():
     scenario = next(s for s in VLLM_SCENARIOS if s.name == "loadgen-agreement")
     assert scenario.loadgen_agreement and scenario.num_replicas == 1 and len(scenario.phases) == 1

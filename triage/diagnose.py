@@ -11,7 +11,7 @@ from triage.reader import Notes, iter_files, read_blocks
 from triage.rules import Facts, Rule, all_rules, dispatch_table
 
 PROM_MARGIN = timedelta(minutes=2)
-BULK_KINDS = frozenset(kinds_of(name)[0] for name in FORM_NAMES)
+BULK_KINDS = frozenset({*(kinds_of(name)[0] for name in FORM_NAMES), "request.finished"} - {""})
 DEFAULT_PROM_WINDOW = timedelta(hours=1)
 
 

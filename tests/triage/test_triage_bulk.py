@@ -88,7 +88,27 @@ def _envoy(rng, i, t):
     return json.dumps(row, separators=(",", ":"))
 
 
-FORMS = {"upstreaminfo": (_upstreaminfo, "access.log"), "nginx-kv": (_nginx_kv, "access.log"),
+def _engine(rng, i, t):
+    head = f'{{"ts":"{_iso(t)}","level":"info","logger":"llmserve","model":"builtin","request_id":"chatcmpl-{i:06d}",'
+    kind = i % 4
+    if kind == 0:
+        return head + '"event":"request.received","prompt_tokens":64,"max_tokens":32,"stream":true}'
+    if kind == 1:
+        return head + f'"event":"request.scheduled","queue_s":{2.5 if 3000 < i < 3400 else 0.002},"cached_tokens":0}}'
+    if kind == 2:
+        return head + f'"event":"request.first_token","ttft_s":0.0{rng.randint(20, 60)}}}'
+    reason = "error" if i % 1001 == 3 else "stop"
+    error = ',"error":"CUDA out of memory"' if reason == "error" else ""
+    # the first block changes per request after request 2000, the later ones are shared: a dynamic prefix
+    blocks = [f"{rng.getrandbits(32):08x}" if i > 2000 else "00000001", "00000002", "00000003", "00000004"]
+    fp = ",".join(f'"{b}"' for b in blocks)
+    prompt = 8 if i % 500 == 7 else 64
+    return head + (f'"event":"request.finished","finish_reason":"{reason}"{error},"prompt_tokens":{prompt},'
+                   f'"cached_tokens":{16 if i < 2000 else 0},"completion_tokens":32,"queue_s":0.002,'
+                   f'"ttft_s":0.0{rng.randint(20, 60)},"e2e_s":0.9,"prefix_fingerprint":[{fp}]}}')
+
+
+FORMS = {"engine": (_engine, "engine-0.log"), "upstreaminfo": (_upstreaminfo, "access.log"), "nginx-kv": (_nginx_kv, "access.log"),
          "vllm": (_vllm, "vllm.log"), "sglang": (_sglang, "sglang.log"), "envoy": (_envoy, "envoy.log")}
 
 
@@ -125,7 +145,8 @@ def test_bulk_reading_gives_the_line_by_line_diagnosis(tmp_path, monkeypatch, na
     by_line, facts_by_line, none = _run(tmp_path, monkeypatch, False)
     in_bulk, facts_in_bulk, num_bulk = _run(tmp_path, monkeypatch, True)
     assert none == 0
-    assert num_bulk > 0.9 * facts_in_bulk[3]  # nearly every line a rule reads was read in bulk
+    # nearly every line a rule reads was read in bulk
+    assert num_bulk > (0.8 if name == "engine" else 0.9) * facts_in_bulk[3]
     assert in_bulk == by_line
     assert facts_in_bulk == facts_by_line
     assert by_line["findings"]  # the rare lines were found either way

@@ -103,6 +103,8 @@ class Wanted:
         self.bulk_forms = [name for name in bulk.FORM_NAMES if bulk_kinds and (
             not bulk.kinds_of(name)[0] or bulk.kinds_of(name)[0] in bulk_kinds and self.takes(*bulk.kinds_of(name)))]
         self.bulk_runs = bulk.run_pattern(self.bulk_forms)
+        # this engine's request.finished lines among the lines the scan finds, read in bulk too
+        self.bulk_finished = "request.finished" in bulk_kinds and self.takes("request.finished", engine_json.SOURCE)
         # a run with one of these anywhere is read line by line: catalog keywords, phase words, and what
         # makes the per-line reading take a routine-looking line for something else
         self.bulk_stop = re2.compile("|".join([*(re.escape(w) for w in (*catalog_words, *text_logs.PHASE_WORDS)),
@@ -191,6 +193,32 @@ class FileParser:
         raw = block.encode()
         if len(raw) != len(block):  # not ASCII
             return self.candidates(first, block)
+        if self.wanted.bulk_finished and b'"event":"request.finished"' in raw:
+            return self._finished_runs(self._pieces(first, block, raw, runs))
+        return self._pieces(first, block, raw, runs)
+
+    def _finished_runs(self, items: list) -> list:
+        """Runs of MIN_RUN or more lines in a row of items that are this engine's request.finished events
+        of requests that did not fail, each as one request.finished.totals event (decoded in one go);
+        the other items as they are."""
+        out: list = []
+        run: list = []
+        for item in [*items, None]:
+            if item is not None and type(item) is tuple and bulk.routine_finished(item[1]):
+                run.append(item)
+                continue
+            if run:
+                totals = bulk.finished_totals(self.file, run, self._row_event) if len(run) >= MIN_RUN else None
+                if totals is None:
+                    out.extend(run)
+                else:
+                    out.append(totals)
+                run = []
+            if item is not None:
+                out.append(item)
+        return out
+
+    def _pieces(self, first: int, block: str, raw: bytes, runs) -> list:
         out: list = []
         search, count = runs.search, raw.count
         stop = self.wanted.bulk_stop.search

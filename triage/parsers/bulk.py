@@ -15,6 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 
+import orjson
 import re2
 
 from triage.model import Event
@@ -135,6 +136,11 @@ def _time_range(stamps: list[str], parse) -> tuple:
     """(first, last) time of these stamps (each distinct one parsed once)."""
     times = [t for t in map(parse, set(stamps)) if t is not None]
     return (min(times), max(times)) if times else (None, None)
+
+
+def _sortable(stamps: list[str]) -> bool:
+    """ISO times of one length, all in UTC ("Z"): they sort as they read (else each is parsed)."""
+    return len(set(map(len, stamps))) == 1 and {s[-1:] for s in stamps} == {"Z"}
 
 
 def _md_hms(stamp: str):
@@ -261,7 +267,7 @@ def _envoy(run: Run, form: str, rows: list, text: str) -> Event | None:
         return None
     first = last = None
     if stamps:
-        if len(set(map(len, stamps))) == 1:  # one shape: ISO times sort as they read
+        if _sortable([s[1:-1] for s in stamps]):
             first, last = parse_iso(min(stamps)[1:-1]), parse_iso(max(stamps)[1:-1])
         else:
             first, last = _time_range([s[1:-1] for s in stamps], parse_iso)
@@ -308,3 +314,38 @@ def stop_words() -> list[str]:
     """RE2 (literal) alternatives for what sends a run of logged prompts or SGLang lines back to the
     line-by-line reading (an access line's reading never looks for them)."""
     return [re.escape(t.decode()) for t in _TRICKY]
+
+
+_FINISHED_EVENT = '"event":"request.finished"'
+
+
+def routine_finished(line: str) -> bool:
+    """A line of this engine's JSON log whose event is request.finished (the first "event" key, as the
+    per-line reading looks), of a request that did not fail: a quick look, checked once decoded."""
+    at = line.find('"event":"')
+    return (at >= 0 and line.startswith(_FINISHED_EVENT, at) and line[:1] == "{"
+            and '"finish_reason":"error"' not in line and '"logger":"loadgen"' not in line)
+
+
+def finished_totals(file: str, items: list, event_of: Callable[[int, str], Event | None]) -> Event | None:
+    """One request.finished.totals event for these (line number, line) items, their decoded objects as
+    rows; None when one of them is not what the per-line reading would read as such (read them so)."""
+    try:
+        rows = [orjson.loads(line) for _, line in items]
+    except orjson.JSONDecodeError:
+        return None
+    for row in rows:
+        if (type(row) is not dict or row.get("event") != "request.finished" or row.get("logger") == "loadgen"
+                or row.get("finish_reason") == "error"):
+            return None
+    stamps = [row.get("ts") for row in rows]
+    stamps = [s for s in stamps if isinstance(s, str)]
+    first = last = None
+    if stamps:
+        if _sortable(stamps):
+            first, last = parse_iso(min(stamps)), parse_iso(max(stamps))
+        else:
+            first, last = _time_range(stamps, parse_iso)
+    fields = {"rows": rows, "count": len(rows), "first_ts": first, "last_ts": last, "form": "engine-finished",
+              "event": lambda row: event_of(*items[row])}
+    return Event(first, "engine-json", "request.finished" + TOTALS, fields, file, None, "")

@@ -139,6 +139,8 @@ class Facts:
                 self.last_ts = ts
         if kind == "http.access" and ev.source != "engine-json":
             self.num_gateway_requests += count
+        elif kind in ("request.finished", "request.aborted") and ev.source == "engine-json":
+            self.num_engine_requests += count
 
     @property
     def num_requests(self) -> int:

@@ -48,7 +48,8 @@ def later_weight(prefixes: tuple | dict) -> int:
 class CacheRule(Rule):
     needs = needs_of(
         ("engine.startup", "request.finished", "engine.stats", "cache.config", "metric", "request.received",
-         "http.access", "http.access.totals", "engine.stats.totals", "request.received.totals"),
+         "http.access", "http.access.totals", "engine.stats.totals", "request.received.totals",
+         "request.finished.totals"),
         request_received=Need("request.received", fields=("prompt",)),  # logged prompts only
         http_access=Need("http.access", not_from=("engine-json",)))  # a gateway's: it names the upstream
 
@@ -86,7 +87,8 @@ class CacheRule(Rule):
         return {"request.finished": self._finished, "http.access": self._access, "engine.startup": self._startup,
                 "cache.config": self._config, "engine.stats": self._stats, "metric": self._metric,
                 "request.received": self._received, "http.access.totals": self._access_totals,
-                "engine.stats.totals": self._stats_totals, "request.received.totals": self._received_totals}
+                "engine.stats.totals": self._stats_totals, "request.received.totals": self._received_totals,
+                "request.finished.totals": self._finished_totals}
 
     def _access_totals(self, ev: Event) -> None:
         """Each (client, upstream) pair once, first seen first: what _routing does for every line."""
@@ -128,7 +130,16 @@ class CacheRule(Rule):
             self._prompt_text(ev, ev.fields["prompt"])
 
     def _finished(self, ev: Event) -> None:
-        f = ev.fields
+        self._finished_row(ev.fields, ev)
+
+    def _finished_totals(self, ev: Event) -> None:
+        """request.finished lines read in bulk: each row as _finished reads it (its event made only when
+        kept as a sample)."""
+        make = ev.fields["event"]
+        for row, f in enumerate(ev.fields["rows"]):
+            self._finished_row(f, lambda row=row: make(row))
+
+    def _finished_row(self, f: dict, ev) -> None:
         prompt, cached = f.get("prompt_tokens"), f.get("cached_tokens")
         if isinstance(prompt, int):
             self.num_requests += 1
@@ -137,7 +148,7 @@ class CacheRule(Rule):
             if prompt < self.block_size:
                 self.num_short += 1
                 if len(self.short_samples) < 3:
-                    self.short_samples.append(ev)
+                    self.short_samples.append(ev if isinstance(ev, Event) else ev())
         fp = f.get("prefix_fingerprint")
         if not isinstance(fp, list) or len(fp) < 2:
             return
@@ -191,7 +202,7 @@ class CacheRule(Rule):
                 return
             sample = self.samples[key] = []
         if len(sample) < 6 and all(tuple(s.fields["prefix_fingerprint"][:len(head)]) != head for s in sample):
-            sample.append(ev)
+            sample.append(ev if isinstance(ev, Event) else ev())
 
     def _stats(self, ev: Event) -> None:
         f = ev.fields

@@ -73,7 +73,7 @@ class MemoryRule(Rule):
         ("oom.cuda", "oom.host", "oom.kv_capacity", "oom.weights", "driver.mismatch", "engine.error",
          "engine.startup", "engine.stats", "phase.weights_loading", "phase.weights_loaded", "phase.kv_setup",
          "phase.serving", "phase.start_failed", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished",
-         "metric", "engine.stats.totals"))
+         "metric", "engine.stats.totals", "request.finished.totals"))
 
     def __init__(self):
         self.cands = {fid: Candidate(fid) for fid in (*PHASE_TO_ID.values(), "driver-mismatch")}
@@ -92,7 +92,7 @@ class MemoryRule(Rule):
         self.error_metrics: list[Event] = []  # finish_reason="error" increases: corroborate a runtime OOM
 
     def handlers(self):
-        table = {"request.finished": self._finished, "phase.start_failed": self._start_failed,
+        table = {"request.finished": self._finished, "request.finished.totals": self._finished_totals, "phase.start_failed": self._start_failed,
                  "driver.mismatch": self._driver_mismatch, "oom.kv_capacity": self._kv_capacity,
                  "engine.error": self._engine_error, "gpu.driver": self._gpu_driver,
                  "cuda.runtime": self._cuda_runtime, "gpu.memory": self._gpu_memory, "metric": self._metric}
@@ -106,6 +106,9 @@ class MemoryRule(Rule):
     def _finished(self, ev: Event) -> None:
         if ev.fields.get("finish_reason") == "error" and any(w in str(ev.fields.get("error", "")) for w in _OOM_WORDS):
             self.cands["oom-runtime"].add(ev, "request.finished.error", False, request_ids_of(ev))
+
+    def _finished_totals(self, ev: Event) -> None:
+        """Requests read in bulk finished without an error: nothing of an OOM in them."""
 
     def _start_failed(self, ev: Event) -> None:  # the engine did not start: an OOM just before was at start-up
         self._resolve(ev.file, "weights")

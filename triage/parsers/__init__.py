@@ -229,17 +229,14 @@ class FileParser:
             nlines = count(b"\n", start, end)
             if nlines < MIN_RUN:
                 continue
-            chunk = raw[start:end]
-            if bulk.read_per_line(chunk) and stop(chunk):
-                continue  # a line of it may be read otherwise: line by line
             before = first + count(b"\n", 0, start)
             run = bulk.Run(self.file, before, block[start:end], self._row_event)
             try:
                 totals = bulk.summarise(run, self.forms, nlines)
             except (ValueError, IndexError, TypeError):  # a bug must cost the bulk path, never the diagnosis
                 totals = None
-            if totals is None:
-                continue
+            if totals is None or bulk.SCANNED.intersection(run.found) and stop(raw, start, end):
+                continue  # a line of it may be read otherwise: line by line
             if gap < start:
                 out.extend(self.candidates(first + count(b"\n", 0, gap), block[gap:start]))
             out.extend(totals)

@@ -79,18 +79,21 @@ _EXTRACT = {
     "received": re.compile(r"\n\([\w.-]+ pid=\d+\) INFO (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./-]+:\d+\]? ?"
                            r"Received request [^\s:]+:? prompt: ([^\n]*)"),
     "sglang-batch": re.compile(r"\n\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]\n]*\] (?:Prefill|Decode) batch, [^\n]*"),
-    "uvicorn": re.compile(r"\n(?:\(\w{1,12} pid=\d{1,7}\) )?INFO: +"),
-    "sglang-uvicorn": re.compile(r"\n\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]\n]*\] INFO: "),
-    "envoy-json": re.compile(r'\n\{[^\n]*"response_code":'),
+    # forms counted by literals each of their lines holds (a line of another form holding one too makes
+    # more rows than lines: the run is read line by line)
+    "uvicorn": (") INFO: ", "\nINFO: "),
+    "sglang-uvicorn": ("] INFO: ",),
+    "envoy-json": ('"response_code":',),
 }
-_ENVOY_KEYS = ("response_flags", "start_time", "duration", "upstream_host", "downstream_remote_address",
+SCANNED = frozenset({"received", "sglang-batch", "sglang-uvicorn"})  # forms whose lines the per-line
+# reading scans for catalog keywords and phase words: a run with them is searched for those words
+_ENVOY_KEYS = ("start_time", "duration", "upstream_host", "downstream_remote_address",
                "x_forwarded_for", "event", "logger", "ttft_s")
 _ENVOY_VALUES = {key: re.compile(rf'"{key}":("[^"\n]*"|[^,}}\n]*)') for key in _ENVOY_KEYS}
 # A literal each line of the form holds: a run without it has none of its lines (no findall then)
 _MARK = {"upstreaminfo": "] [", "nginx-kv": "] \"", "received": "Received request", "sglang-batch": " batch, ",
          "uvicorn": "INFO:", "sglang-uvicorn": "] INFO: ", "envoy-json": '"response_code":'}
 _SGL_COLUMNS = (("waiting", re.compile(r"#queue-req: (\d+)"), int),
-                ("running", re.compile(r"#running-req: (\d+)"), int),
                 ("kv_usage", re.compile(r"token usage: ([\d.]+)"), float))
 
 
@@ -118,18 +121,32 @@ class Run:
         self.file, self.first, self.text = file, first, text  # first: the line number before the run
         self.event_of = event_of  # (line number, line) -> the per-line parser's event of that line
         self.starts: dict[str, list[int]] = {}
+        self.found: list[str] = []  # the forms of its lines (summarise)
 
     def line(self, form: str, row: int) -> tuple[int, str]:
         """(line number, text) of the form's row-th line in the run."""
         starts = self.starts.get(form)
         if starts is None:
-            starts = self.starts[form] = [m.start() for m in _EXTRACT[form].finditer("\n" + self.text)]
+            starts = self.starts[form] = _line_starts(_EXTRACT[form], "\n" + self.text)
         at = starts[row]  # the offset of the line in the run (the "\n" put before it is one character)
         end = self.text.find("\n", at)
         return self.first + 1 + self.text.count("\n", 0, at), self.text[at:end]
 
     def event(self, form: str, row: int) -> Event | None:
         return self.event_of(*self.line(form, row))
+
+
+def _line_starts(extract, text: str) -> list[int]:
+    """Where each row's line starts in text[1:] (text: the run with a "\n" put before it)."""
+    if type(extract) is not tuple:
+        return [m.start() for m in extract.finditer(text)]
+    found = []
+    for literal in extract:
+        at = text.find(literal)
+        while at >= 0:
+            found.append(text.rfind("\n", 0, at + 1))
+            at = text.find(literal, at + 1)
+    return sorted(found)
 
 
 def _time_range(stamps: list[str], parse) -> tuple:
@@ -160,10 +177,11 @@ def summarise(run: Run, names: list[str], nlines: int) -> list[Event] | None:
             break
         if _MARK[name] not in text:
             continue
-        rows = _EXTRACT[name].findall(text)
+        extract = _EXTRACT[name]
+        rows = extract.findall(text) if type(extract) is not tuple else sum(map(text.count, extract))
         if not rows:
             continue
-        accounted += len(rows)
+        accounted += rows if type(rows) is int else len(rows)
         if accounted > nlines:
             return None
         made = _SUMMARISE[name](run, name, rows, text)
@@ -176,13 +194,8 @@ def summarise(run: Run, names: list[str], nlines: int) -> list[Event] | None:
         return None
     if names[:len(found)] != found:  # the forms found go first for the file's next runs
         names[:] = found + [n for n in names if n not in found]
+    run.found = found
     return out
-
-
-def read_per_line(chunk: bytes) -> bool:
-    """Whether a run holds a form whose lines the per-line reading also scans for catalog keywords and
-    start-up phase words (a logged prompt, an SGLang line): then the run is checked for them."""
-    return b"Received request" in chunk or b"] " in chunk and (b" batch, " in chunk or b"] INFO: " in chunk)
 
 
 def _totals(run: Run, form: str, count: int, first_ts, last_ts, fields: dict) -> Event:
@@ -232,6 +245,8 @@ def _received(run: Run, form: str, rows: list, text: str) -> Event | None:
 def _sglang(run: Run, form: str, rows: list, text: str) -> Event | None:
     if "Avg prompt throughput" in text:
         return None
+    if text.count("#running-req: ") != len(rows):
+        return None  # (what makes a batch line a stats line)
     columns = {}
     for key, pattern, conv in _SGL_COLUMNS:
         values = pattern.findall(text)
@@ -242,25 +257,25 @@ def _sglang(run: Run, form: str, rows: list, text: str) -> Event | None:
     return _totals(run, form, len(rows), parse_iso(first), parse_iso(last), {"columns": columns})
 
 
-def _uvicorn(run: Run, form: str, rows: list, text: str) -> Event:
-    return _totals(run, form, len(rows), None, None, {"durations": Counter(), "routes": {}})
+def _uvicorn(run: Run, form: str, rows: int, text: str) -> Event:
+    return _totals(run, form, rows, None, None, {"durations": Counter(), "routes": {}})
 
 
-def _nothing(run: Run, form: str, rows: list, text: str) -> bool:
+def _nothing(run: Run, form: str, rows: int, text: str) -> bool:
     return False  # lines the per-line reading makes no event of
 
 
-def _envoy(run: Run, form: str, rows: list, text: str) -> Event | None:
-    n = len(rows)
-    if n != text.count('"response_code":'):
-        return None  # only Envoy lines in the run: each with the key once
+def _envoy(run: Run, form: str, rows: int, text: str) -> Event | None:
+    n = rows  # each Envoy line has its response_code once (the run's other forms cannot hold it)
+    if text.count('"response_flags":') != n:
+        return None  # a key twice in a line: line by line
     values = {}
     for key, pattern in _ENVOY_VALUES.items():
         found = pattern.findall(text) if f'"{key}":' in text else []
         if len(found) not in (0, n):
             return None  # a key in some lines only: line by line
         values[key] = found
-    if values["event"] or values["logger"] or values["ttft_s"] or len(values["response_flags"]) != n:
+    if values["event"] or values["logger"] or values["ttft_s"]:
         return None  # what the per-line reading would take for another format's JSON
     stamps = values["start_time"]
     if stamps and not all(s.startswith('"') for s in set(stamps)):

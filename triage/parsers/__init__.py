@@ -109,6 +109,9 @@ class Wanted:
         # makes the per-line reading take a routine-looking line for something else
         self.bulk_stop = re2.compile("|".join([*(re.escape(w) for w in (*catalog_words, *text_logs.PHASE_WORDS)),
                                                 *bulk.stop_words()]).encode(), options)
+        # logged prompts alone: their reading looks for phase words, never for catalog keywords
+        self.bulk_stop_prompts = re2.compile("|".join([*map(re.escape, text_logs.PHASE_WORDS),
+                                                       *bulk.stop_words(prompts=True)]).encode(), options)
 
     def takes(self, kind: str, source: str | None) -> bool:
         """Whether any rule reads events of kind from source (None: some source)."""
@@ -221,30 +224,34 @@ class FileParser:
     def _pieces(self, first: int, block: str, raw: bytes, runs) -> list:
         out: list = []
         search, count = runs.search, raw.count
-        stop = self.wanted.bulk_stop.search
+        stop, stop_prompts = self.wanted.bulk_stop.search, self.wanted.bulk_stop_prompts.search
         pos = gap = 0  # gap: where the lines not yet handed start
+        gap_line = first  # the line number before gap
         while (m := search(raw, pos)) is not None:
             start, end = m.span()
             pos = end
             nlines = count(b"\n", start, end)
             if nlines < MIN_RUN:
                 continue
-            before = first + count(b"\n", 0, start)
-            run = bulk.Run(self.file, before, block[start:end], self._row_event)
+            gap_lines = count(b"\n", gap, start)
+            run = bulk.Run(self.file, gap_line + gap_lines, block[start:end], self._row_event)
             try:
                 totals = bulk.summarise(run, self.forms, nlines)
             except (ValueError, IndexError, TypeError):  # a bug must cost the bulk path, never the diagnosis
                 totals = None
-            if totals is None or bulk.SCANNED.intersection(run.found) and stop(raw, start, end):
+            if totals is None:
+                continue
+            scanned = bulk.SCANNED.intersection(run.found)
+            if scanned and (stop if scanned - {"received"} else stop_prompts)(raw, start, end):
                 continue  # a line of it may be read otherwise: line by line
             if gap < start:
-                out.extend(self.candidates(first + count(b"\n", 0, gap), block[gap:start]))
+                out.extend(self.candidates(gap_line, block[gap:start]))
             out.extend(totals)
-            gap = end
+            gap, gap_line = end, gap_line + gap_lines + nlines
         if gap == 0:
             return self.candidates(first, block)
         if gap < len(block):
-            out.extend(self.candidates(first + count(b"\n", 0, gap), block[gap:]))
+            out.extend(self.candidates(gap_line, block[gap:]))
         return out
 
     def _row_event(self, lineno: int, line: str) -> Event | None:

@@ -14,6 +14,7 @@ itself, from the row's line."""
 import re
 from collections import Counter
 from collections.abc import Callable
+from itertools import repeat
 
 import orjson
 import re2
@@ -25,7 +26,7 @@ TOTALS = ".totals"
 # Bytes whose presence anywhere in a run sends it back to the line-by-line reading: what makes the
 # per-line path read a routine-looking line otherwise (ANSI codes, the HAProxy and nvidia-smi tests,
 # a CUDA build tag).
-_TRICKY = (b"\x1b", b"haproxy[", b"NVIDIA-SMI", b"+cu", b"CUDA runtime version")
+_TRICKY = (b"\x1b", b"haproxy[", b"NVIDIA-SMI", b"+cu", b"CUDA runtime version")  # (the first three: any line)
 _NUM = r"(?:\d+(?:\.\d+)?|-)"
 # nginx's combined format as triage.parsers.gateways reads it, served (1xx-3xx); the client starts with a
 # digit or "[" (what FileParser.parse takes as an access line)
@@ -157,7 +158,7 @@ def _time_range(stamps: list[str], parse) -> tuple:
 
 def _sortable(stamps: list[str]) -> bool:
     """ISO times of one length, all in UTC ("Z"): they sort as they read (else each is parsed)."""
-    return len(set(map(len, stamps))) == 1 and {s[-1:] for s in stamps} == {"Z"}
+    return len(set(map(len, stamps))) == 1 and all(map(str.endswith, stamps, repeat("Z")))
 
 
 def _md_hms(stamp: str):
@@ -325,10 +326,11 @@ _SUMMARISE = {"upstreaminfo": _upstreaminfo, "nginx-kv": _nginx_kv, "received": 
               "sglang-batch": _sglang, "uvicorn": _uvicorn, "sglang-uvicorn": _nothing, "envoy-json": _envoy}
 
 
-def stop_words() -> list[str]:
+def stop_words(prompts: bool = False) -> list[str]:
     """RE2 (literal) alternatives for what sends a run of logged prompts or SGLang lines back to the
-    line-by-line reading (an access line's reading never looks for them)."""
-    return [re.escape(t.decode()) for t in _TRICKY]
+    line-by-line reading (an access line's reading never looks for them); prompts: for logged prompts
+    alone (their reading never looks for a CUDA version)."""
+    return [re.escape(t.decode()) for t in (_TRICKY[:3] if prompts else _TRICKY)]
 
 
 _FINISHED_EVENT = '"event":"request.finished"'

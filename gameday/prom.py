@@ -109,11 +109,23 @@ class PromClient:
         """How many targets of job have been scraped at least once, answering or not."""
         return len(self.query(f'up{{job="{job}"}}'))
 
-    def wait_scraped(self, job: str, num_targets: int, timeout_s: float = 20.0) -> None:
+    def wait_scraped(self, job: str, num_targets: int, timeout_s: float = 60.0) -> None:
         """Wait until every target of job has been scraped once. A target that is already down
-        (an engine that crashed before Prometheus started) counts: its up 0 is what the alert reads."""
+        (an engine that crashed before Prometheus started) counts: its up 0 is what the alert reads.
+        A query that times out is a Prometheus still starting on a starved CPU (one took over 10 s
+        on a busy 2-core machine): not scraped yet, asked again until the deadline."""
         deadline = time.monotonic() + timeout_s
-        while self.targets_seen(job) < num_targets:
+        unanswered = 0
+        while True:
+            try:
+                if self.targets_seen(job) >= num_targets:
+                    return
+            except OSError as exc:  # urllib: TimeoutError on the read, URLError(timeout) on the connect
+                if not isinstance(exc, TimeoutError) and not isinstance(getattr(exc, "reason", None), TimeoutError):
+                    raise
+                unanswered += 1
             if time.monotonic() > deadline:
-                raise GamedayError(f"Prometheus: job {job} not scraped ({num_targets} targets) in {timeout_s:.0f}s")
+                suffix = f"; {unanswered} queries unanswered within 10 s" if unanswered else ""
+                raise GamedayError(f"Prometheus: job {job} not scraped ({num_targets} targets) in "
+                                   f"{timeout_s:.0f}s{suffix}")
             time.sleep(0.5)

@@ -77,13 +77,13 @@ def _sglang(rng, i, t):
             f"gen throughput (token/s): 450.00, #queue-req: {queue}, ")
 
 
-def _envoy(rng, i, t):
+def _envoy(rng, i, t, mixed=True):
     flags, code = ("UT", 504) if i % 800 == 400 else ("DC", 0) if i % 1300 == 9 else ("-", 200)
     row = {"start_time": _iso(t), "method": "POST", "path": "/v1/chat/completions", "protocol": "HTTP/1.1",
            "response_code": code, "response_flags": flags, "bytes_received": 400, "bytes_sent": 2000,
            "duration": 60000 if flags == "UT" else rng.randint(800, 1200), "x_forwarded_for": f"10.0.0.{i % 4}",
            "request_id": f"{rng.getrandbits(64):016x}", "upstream_host": f"10.0.3.{1 + (i // 2500)}:30000"}
-    if i % 2:
+    if mixed and i % 2:
         row = dict(reversed(list(row.items())))  # the flags before the code
     return json.dumps(row, separators=(",", ":"))
 
@@ -109,7 +109,8 @@ def _engine(rng, i, t):
 
 
 FORMS = {"engine": (_engine, "engine-0.log"), "upstreaminfo": (_upstreaminfo, "access.log"), "nginx-kv": (_nginx_kv, "access.log"),
-         "vllm": (_vllm, "vllm.log"), "sglang": (_sglang, "sglang.log"), "envoy": (_envoy, "envoy.log")}
+         "vllm": (_vllm, "vllm.log"), "sglang": (_sglang, "sglang.log"), "envoy": (_envoy, "envoy.log"),
+         "envoy-one-order": (lambda rng, i, t: _envoy(rng, i, t, mixed=False), "envoy.log")}
 
 
 def _write(folder, name):

@@ -266,8 +266,39 @@ def _nothing(run: Run, form: str, rows: int, text: str) -> bool:
     return False  # lines the per-line reading makes no event of
 
 
-def _envoy(run: Run, form: str, rows: int, text: str) -> Event | None:
-    n = rows  # each Envoy line has its response_code once (the run's other forms cannot hold it)
+_JSON_VALUE = r'"[^"\\\n]*"|-?(?:0|[1-9]\d*)(?:\.\d+)?|null|true|false'
+_KEYED: dict[tuple, re.Pattern | None] = {}  # a key order -> the regex of a line with exactly those keys
+_KEYS = re.compile(r'"([\w.-]+)":')
+
+
+def _keyed(keys: tuple) -> re.Pattern | None:
+    """One findall for every Envoy line with exactly these keys in this order: the values the bulk
+    reading takes as groups (None for a key order with a key twice or one another reading takes)."""
+    if keys in _KEYED:
+        return _KEYED[keys]
+    pattern = None
+    if len(set(keys)) == len(keys) and not {"event", "logger", "ttft_s"} & set(keys):
+        parts = [f'"{re.escape(k)}":' + (f"({_JSON_VALUE})" if k in _ENVOY_KEYS else f"(?:{_JSON_VALUE})")
+                 for k in keys]
+        pattern = re.compile(r"\n\{" + ",".join(parts) + r"\}(?=\n)")
+    if len(_KEYED) < 64:
+        _KEYED[keys] = pattern
+    return pattern
+
+
+def _envoy_values(text: str, n: int) -> dict | None:
+    """{key: its value in each row} for the keys the bulk reading takes: one findall when every row has
+    the first row's keys in its order, else one findall a key."""
+    first = text[1:text.find("\n", 1)]
+    pattern = _keyed(tuple(_KEYS.findall(first))) if '"response_code":' in first else None
+    if pattern is not None:
+        rows = pattern.findall(text)
+        if len(rows) == n:
+            taken = [k for k in _KEYS.findall(first) if k in _ENVOY_KEYS]
+            columns = list(zip(*rows, strict=True)) if len(taken) > 1 else [rows] if taken else []
+            values = {key: [] for key in _ENVOY_KEYS}
+            values.update(zip(taken, map(list, columns), strict=True))
+            return values
     if text.count('"response_flags":') != n:
         return None  # a key twice in a line: line by line
     values = {}
@@ -278,6 +309,14 @@ def _envoy(run: Run, form: str, rows: int, text: str) -> Event | None:
         values[key] = found
     if values["event"] or values["logger"] or values["ttft_s"]:
         return None  # what the per-line reading would take for another format's JSON
+    return values
+
+
+def _envoy(run: Run, form: str, rows: int, text: str) -> Event | None:
+    n = rows  # each Envoy line has its response_code once (the run's other forms cannot hold it)
+    values = _envoy_values(text, n)
+    if values is None:
+        return None
     stamps = values["start_time"]
     if stamps and not all(s.startswith('"') for s in set(stamps)):
         return None

@@ -318,11 +318,11 @@ def _envoy(run: Run, form: str, rows: int, text: str) -> Event | None:
     if values is None:
         return None
     stamps = values["start_time"]
-    if stamps and not all(s.startswith('"') for s in set(stamps)):
-        return None
+    if stamps and not all(map(str.startswith, stamps, repeat('"'))):
+        return None  # a time that is no string: the per-line reading has none
     first = last = None
     if stamps:
-        if _sortable([s[1:-1] for s in stamps]):
+        if len(set(map(len, stamps))) == 1 and all(map(str.endswith, stamps, repeat('Z"'))):  # (_sortable)
             first, last = parse_iso(min(stamps)[1:-1]), parse_iso(max(stamps)[1:-1])
         else:
             first, last = _time_range([s[1:-1] for s in stamps], parse_iso)

@@ -170,3 +170,27 @@ def test_a_rule_without_totals_gets_every_line(tmp_path):
     assert Dispatcher(all_rules(), None, None).wanted.bulk_forms
     assert "upstreaminfo" not in Dispatcher([*all_rules(), Lines()], None, None).wanted.bulk_forms
     assert not Dispatcher(all_rules(), T0.replace(tzinfo=None), None).wanted.bulk_forms  # --since: by line
+
+
+def test_finished_lines_found_by_literal_are_the_lines_the_scanner_finds(monkeypatch):
+    """_scan takes this engine's request.finished lines by a literal search and scans the rest: the same
+    (line number, line) pairs, in the same order, as one scan of the whole block."""
+    from triage.parsers import FileParser
+    from triage.rules import all_rules
+    wanted = Dispatcher(all_rules(), None, None).wanted
+    assert wanted.finished_literal
+    rng = random.Random(3)
+    lines = [_engine(rng, i, T0 + timedelta(milliseconds=50 * i)) for i in range(400)]
+    lines[5] = "2026-11-29 19:00:01 ERROR torch.OutOfMemoryError: CUDA out of memory."  # a keyword line
+    lines[6] = lines[7] = lines[3]  # finished lines in a row
+    lines[40] = lines[40].replace('"event":"request.received"', '"event":"request.received","prompt":"hi"')
+    lines[41] = '{"event":"request.finished","msg":"EngineDeadError"}'  # finished, with a catalog keyword
+    block = "\n".join(lines) + "\n"
+    scanned = {}
+    for fast in (True, False):
+        monkeypatch.setattr(wanted, "finished_literal", fast)
+        parser = FileParser("engine-0.log", wanted)
+        scanned[fast] = [parser.candidates(100, block), parser.candidates(100, block[block.find("\n") + 1:])]
+    assert scanned[True] == scanned[False]
+    numbers = [n for n, _ in scanned[True][0]]
+    assert {106, 107, 108, 141, 142} <= set(numbers) and 101 not in numbers and numbers == sorted(numbers)

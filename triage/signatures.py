@@ -23,6 +23,24 @@ _REQUIRED = ("id", "source", "keyword", "meaning")
 _KEY_FIXUPS = {"gpu2": "gpu", "total2": "total", "enabled2": "enabled"}
 
 
+class LazyPattern:
+    """A built-in entry's pattern, compiled when first searched: compiling the catalog's hundred-odd
+    patterns at start costs more than most runs spend searching them (a run searches the few whose
+    keyword a line holds). The tests compile every one."""
+
+    __slots__ = ("pattern", "flags", "compiled")
+
+    def __init__(self, pattern: str, flags: int):
+        self.pattern, self.flags = pattern, flags
+        self.compiled: re.Pattern | None = None
+
+    def search(self, text: str):
+        compiled = self.compiled
+        if compiled is None:
+            compiled = self.compiled = re.compile(self.pattern, self.flags)
+        return compiled.search(text)
+
+
 class CatalogError(Exception):
     """A catalog file that cannot be used: the message names the file, the entry and the problem."""
 
@@ -31,7 +49,7 @@ class CatalogError(Exception):
 class Signature:
     kind: str  # the event kind the rules read
     keyword: str  # a plain substring of every matching line, checked first: most lines are rejected by `in` alone
-    pattern: re.Pattern | None = None
+    pattern: "re.Pattern | LazyPattern | None" = None
     fields: tuple[tuple[str, str], ...] = ()  # fixed fields added to the event
     id: str = ""
     source: str = ""
@@ -60,7 +78,7 @@ def _fail(origin: str, where: str, problem: str) -> CatalogError:
     return CatalogError(f"{origin}: {where}: {problem}")
 
 
-def _entry(raw, index: int, origin: str, kinds: dict, finding_ids: Iterable[str]) -> Signature:
+def _entry(raw, index: int, origin: str, kinds: dict, finding_ids: Iterable[str], lazy: bool = False) -> Signature:
     where = f"entry {index + 1}"
     if not isinstance(raw, dict):
         raise _fail(origin, where, f"an entry is a mapping of keys to values, got {type(raw).__name__}")
@@ -91,7 +109,9 @@ def _entry(raw, index: int, origin: str, kinds: dict, finding_ids: Iterable[str]
         raise _fail(origin, where, f"confidence must be one of {', '.join(CONFIDENCES)}, got {confidence!r}")
     flags = re.IGNORECASE if raw.get("ignore_case") else 0
     pattern = None
-    if raw.get("pattern"):
+    if raw.get("pattern") and lazy:
+        pattern = LazyPattern(raw["pattern"], flags)
+    elif raw.get("pattern"):
         try:
             pattern = re.compile(raw["pattern"], flags)
         except re.error as exc:
@@ -115,8 +135,10 @@ def _entry(raw, index: int, origin: str, kinds: dict, finding_ids: Iterable[str]
 
 
 def parse_catalog(text: str, origin: str, kinds: dict | None = None,
-                  taken: Iterable[str] = ()) -> Catalog:
-    """A catalog document (YAML): a `signatures` list, and `kinds` for the built-in file."""
+                  taken: Iterable[str] = (), lazy: bool = False) -> Catalog:
+    """A catalog document (YAML): a `signatures` list, and `kinds` for the built-in file. lazy: patterns
+    compiled when first searched (the built-in file, whose patterns the tests compile; a user's file is
+    checked whole as it is read)."""
     from triage.model import FINDING_IDS  # (model imports nothing of this module)
 
     finding_ids = (*FINDING_IDS, "unrecognised-error")
@@ -142,7 +164,7 @@ def parse_catalog(text: str, origin: str, kinds: dict | None = None,
     seen = set(taken)
     out = []
     for index, raw in enumerate(doc["signatures"]):
-        entry = _entry(raw, index, origin, kinds, finding_ids)
+        entry = _entry(raw, index, origin, kinds, finding_ids, lazy)
         if entry.id in seen:
             raise _fail(origin, f"entry {index + 1} ({entry.id})", "this id is used already")
         seen.add(entry.id)
@@ -152,7 +174,7 @@ def parse_catalog(text: str, origin: str, kinds: dict | None = None,
 
 def _builtin() -> Catalog:
     text = resources.files("triage").joinpath("signatures.yaml").read_text(encoding="utf-8")
-    return parse_catalog(text, "triage/signatures.yaml")
+    return parse_catalog(text, "triage/signatures.yaml", lazy=True)
 
 
 BUILTIN = _builtin()

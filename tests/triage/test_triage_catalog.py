@@ -279,3 +279,17 @@ def test_more_wordings(message, kind):
 
 def test_no_swapped_requests_is_no_preemption():
     assert "engine.preemption" not in dict(scan("Running: 3 reqs, Swapped: 0 reqs, Pending: 0 reqs"))
+
+
+def test_builtin_patterns_compile_when_first_searched():
+    """The built-in entries' patterns are compiled on first use (start-up time): each one compiles, and
+    searches as the compiled pattern does."""
+    import re
+    lazy = [s for s in BUILTIN if isinstance(s.pattern, signatures.LazyPattern)]
+    assert len(lazy) == sum(s.pattern is not None for s in BUILTIN) > 50
+    for s in lazy:
+        compiled = re.compile(s.pattern.pattern, s.pattern.flags)
+        for text in (s.keyword, s.meaning):
+            found, expected = s.pattern.search(text), compiled.search(text)
+            assert (found and found.span()) == (expected and expected.span()), s.id
+        assert s.pattern.compiled is not None

@@ -182,7 +182,7 @@ class FileParser:
                 lines.pop()
                 return list(enumerate(lines, first + 1))
             found = self._scan(first, block, 0)
-            if len(found) >= DENSE * block.count("\n"):
+            if len(found) >= DENSE * (self.span[1] - first):  # (the block's lines, counted by _mark)
                 self.dense = DENSE_BLOCKS
             return found
         lines = block.split("\n")

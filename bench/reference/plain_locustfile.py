@@ -1,4 +1,6 @@
-"""The plain reference client for bench/loadgen_fidelity.py: HttpUser, post(stream=True), iter_lines().
+"""The plain reference client for bench/loadgen_fidelity.py: HttpUser, post(stream=True), iter_lines(),
+json.loads of each data line; a token is a chunk with non-empty content (llmserve, vLLM and OpenAI
+send a role-only first chunk, `"content": ""`, before the first token).
 
 Times each content line as iter_lines hands it over and, on quit, writes one JSON object per
 request to $LOADGEN_REFERENCE_OUT.<pid> (one file per process, so `--processes N` runs write N):
@@ -24,8 +26,10 @@ class ReferenceUser(HttpUser):
         arrivals = []
         with self.client.post("/v1/chat/completions", json=BODY, stream=True, catch_response=True) as resp:
             for line in resp.iter_lines():
-                if line.startswith(b"data: {") and b'"content"' in line:
-                    arrivals.append(time.perf_counter() - start)
+                if line.startswith(b"data: {"):  # a token: non-empty content (not the role-only first chunk)
+                    choices = json.loads(line[6:]).get("choices") or [{}]
+                    if (choices[0].get("delta") or {}).get("content"):
+                        arrivals.append(time.perf_counter() - start)
         if arrivals:
             RESULTS.append({"start_unix": start_unix, "ttft_s": arrivals[0], "e2e_s": arrivals[-1], "itl_s": [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)],
                             "num_tokens": len(arrivals)})

@@ -104,13 +104,7 @@ class Facts:
         if kind == "log.error" or kind == "engine.error":
             self.num_error_lines += 1
         if ts is not None:
-            if (kind.startswith("request.") or kind == "http.access") and (
-                    self.last_request_ts is None or ts > self.last_request_ts):
-                self.last_request_ts = ts
-            if self.first_ts is None or ts < self.first_ts:
-                self.first_ts = ts
-            if self.last_ts is None or ts > self.last_ts:
-                self.last_ts = ts
+            self._saw_ts(kind, ts)
         if kind == "http.access":
             if ev.source != "engine-json":
                 self.num_gateway_requests += 1
@@ -120,6 +114,16 @@ class Facts:
         elif (kind == "request.finished" or kind == "request.aborted") and ev.source == "engine-json":
             self.num_engine_requests += 1
 
+    def _saw_ts(self, kind: str, ts) -> None:
+        """The time span read, and the last request's time."""
+        if (kind.startswith("request.") or kind == "http.access") and (
+                self.last_request_ts is None or ts > self.last_request_ts):
+            self.last_request_ts = ts
+        if self.first_ts is None or ts < self.first_ts:
+            self.first_ts = ts
+        if self.last_ts is None or ts > self.last_ts:
+            self.last_ts = ts
+
     def _observe_totals(self, ev: Event) -> None:
         """A run of routine lines read in bulk (triage.parsers.bulk): as its lines would have been, one by
         one (served requests: no 5xx, no error)."""
@@ -128,15 +132,8 @@ class Facts:
         self.num_events += count
         self.sources[ev.source] = self.sources.get(ev.source, 0) + count
         for ts in (f["first_ts"], f["last_ts"]):
-            if ts is None:
-                continue
-            if (kind.startswith("request.") or kind == "http.access") and (
-                    self.last_request_ts is None or ts > self.last_request_ts):
-                self.last_request_ts = ts
-            if self.first_ts is None or ts < self.first_ts:
-                self.first_ts = ts
-            if self.last_ts is None or ts > self.last_ts:
-                self.last_ts = ts
+            if ts is not None:
+                self._saw_ts(kind, ts)
         if kind == "http.access" and ev.source != "engine-json":
             self.num_gateway_requests += count
         elif kind in ("request.finished", "request.aborted") and ev.source == "engine-json":

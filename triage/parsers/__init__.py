@@ -105,7 +105,7 @@ class Wanted:
         bulk_kinds = set(bulk_kinds)
         self.bulk_forms = [name for name in bulk.FORM_NAMES if bulk_kinds and (
             not bulk.kinds_of(name)[0] or bulk.kinds_of(name)[0] in bulk_kinds and self.takes(*bulk.kinds_of(name)))]
-        self.bulk_runs = bulk.run_pattern(self.bulk_forms)
+        self.bulk_runs = bulk.run_finder(self.bulk_forms)
         # this engine's request.finished lines among the lines the scan finds, read in bulk too
         self.bulk_finished = "request.finished" in bulk_kinds and self.takes("request.finished", engine_json.SOURCE)
         # every line with this engine's request.finished event is one the scan finds: _scan takes those
@@ -233,8 +233,8 @@ class FileParser:
         stop, stop_prompts = self.wanted.bulk_stop.search, self.wanted.bulk_stop_prompts.search
         pos = gap = 0  # gap: where the lines not yet handed start
         gap_line = first  # the line number before gap
-        while (m := search(raw, pos)) is not None:
-            start, end = m.span()
+        while (span := search(raw, pos)) is not None:
+            start, end = span
             pos = end
             nlines = count(b"\n", start, end)
             if nlines < MIN_RUN:

@@ -98,14 +98,29 @@ _SGL_COLUMNS = (("waiting", re.compile(r"#queue-req: (\d+)"), int),
                 ("kv_usage", re.compile(r"token usage: ([\d.]+)"), float))
 
 
-def run_pattern(names: list[str]) -> "re2._Regexp | None":
-    """RE2 over bytes: the next run of whole lines each of one of these forms."""
-    if not names:
-        return None
-    options = re2.Options()
-    options.max_mem = 64 << 20
-    alternation = "|".join(f"(?:{_FORMS[n][2]})" for n in names)
-    return re2.compile(f"(?m)^(?:(?:{alternation})\n)+".encode(), options)
+class RunFinder:
+    """RE2 over bytes: the runs of whole lines each of one of some forms. A search for one line of a form
+    finds where the next run starts, and a match anchored there reads the run to its end: one pass over
+    the run (a search for the whole run reads it twice, forward for its end, then back for its start)."""
+
+    def __init__(self, names: list[str]):
+        options = re2.Options()
+        options.max_mem = 64 << 20
+        alternation = "|".join(f"(?:{_FORMS[n][2]})" for n in names)
+        self.first_line = re2.compile(f"(?m)^(?:{alternation})\n".encode(), options)
+        self.run = re2.compile(f"(?:(?:{alternation})\n)+".encode(), options)
+
+    def search(self, raw: bytes, pos: int) -> tuple[int, int] | None:
+        """(start, end) of the next run at or after pos (pos: a line start), as `(?m)^(?:line\n)+` finds it."""
+        m = self.first_line.search(raw, pos)
+        if m is None:
+            return None
+        start = m.start()
+        return start, self.run.match(raw, start).end()
+
+
+def run_finder(names: list[str]) -> RunFinder | None:
+    return RunFinder(names) if names else None
 
 
 def kinds_of(name: str) -> tuple[str, str]:

@@ -182,7 +182,7 @@ class FileParser:
                 lines.pop()
                 return list(enumerate(lines, first + 1))
             found = self._scan(first, block, 0)
-            if len(found) >= DENSE * (self.span[1] - first):  # (the block's lines, counted by _mark)
+            if len(found) >= DENSE * (self._last_line() - first):
                 self.dense = DENSE_BLOCKS
             return found
         lines = block.split("\n")
@@ -240,7 +240,7 @@ class FileParser:
             if nlines < MIN_RUN:
                 continue
             gap_lines = count(b"\n", gap, start)
-            run = bulk.Run(self.file, gap_line + gap_lines, block[start:end], self._row_event)
+            run = bulk.Run(self.file, gap_line + gap_lines, bulk.RunText(block, start, end), self._row_event)
             try:
                 totals = bulk.summarise(run, self.forms, nlines)
             except (ValueError, IndexError, TypeError):  # a bug must cost the bulk path, never the diagnosis
@@ -267,10 +267,18 @@ class FileParser:
 
     def _mark(self, first: int, block: str) -> None:
         """The block's marks are made when a line of it first asks (most blocks of a JSON or access log
-        never do)."""
-        self.span = (first + 1, first + block.count("\n"))
+        never do); its lines are counted when first needed (counting a block costs what decoding it does)."""
+        self.span = (first + 1, None)
         self.marked = ()
         self.block = block
+
+    def _last_line(self) -> int:
+        """The number of the last line of the block _mark took (0 once its marks cannot be made)."""
+        first, last = self.span
+        if last is None:
+            last = first - 1 + self.block.count("\n")
+            self.span = (first, last)
+        return last
 
     def _make_marks(self) -> tuple:
         block, first = self.block, self.span[0] - 1
@@ -297,7 +305,7 @@ class FileParser:
 
     def _marked(self, which: int, lineno: int, line: str) -> bool | None:
         """Whether the line parse() is at holds a word of block_scanners[which]; None: not known."""
-        if line is self.line and self.span[0] <= lineno <= self.span[1]:
+        if line is self.line and self.span[0] <= lineno <= self._last_line():
             if not self.marked:
                 self.marked = self._make_marks()
                 if not self.marked:
@@ -338,6 +346,8 @@ class FileParser:
         if lines[-1]:
             lines.append("")  # (a block ends in "\n")
         lines.pop()
+        if self.block is block and self.span[1] is None:
+            self.span = (self.span[0], first + len(lines))  # (the block's lines, counted by the split)
         flags = [_FINISHED in line for line in lines]
         taken = list(compress(range(len(lines)), flags))
         rest_at = list(compress(range(len(lines)), map(not_, flags)))  # each other line's index

@@ -75,10 +75,13 @@ _EXTRACT = {
     "upstreaminfo": re.compile(
         r'\n(\S+) \S+ \S+ \[([^\]\n]+)\] "[^"\n]*" \d{3} (?:\d+|-)(?: "[^"\n]*" "[^"\n]*")? \d+ '
         r"(\d+\.?\d*|\.\d+) \[[^\]\n]*\] \[[^\]\n]*\] (\S+) [^\n]*"),
-    "nginx-kv": re.compile(r'\n[\d\[]\S* \S+ \S+ \[([^\]\n]+)\] "[^"\n]*" \d{3} (?:\d+|-)(?: "[^"\n]*" "[^"\n]*")? '
-                           r"(?:rt|request_time)=(\S+)[^\n]*"),
-    "received": re.compile(r"\n\([\w.-]+ pid=\d+\) INFO (\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./-]+:\d+\]? ?"
-                           r"Received request [^\s:]+:? prompt: ([^\n]*)"),
+    # forms read as columns, one findall a field, each field's pattern held once by each line of the form
+    # (the first: a literal the line's own field starts with): the k-th match of each is the k-th line's
+    # only when every column has as many matches as the first, and the run's lines are all accounted for
+    # (a line of the form holds each at least once, so a count that adds up holds each exactly once)
+    "nginx-kv": [re.compile(r" (?:rt|request_time)=(\S+)"),
+                 re.compile(r' \[(\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4})\] "')],
+    "received": [re.compile(r" prompt: ([^\n]*)"), re.compile(r"\) INFO (\d\d-\d\d \d\d:\d\d:\d\d)")],
     "sglang-batch": re.compile(r"\n\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]\n]*\] (?:Prefill|Decode) batch, [^\n]*"),
     # forms counted by literals each of their lines holds (a line of another form holding one too makes
     # more rows than lines: the run is read line by line)
@@ -130,10 +133,60 @@ def kinds_of(name: str) -> tuple[str, str]:
 FORM_NAMES = tuple(_FORMS)
 
 
-class Run:
-    """One run of routine lines in a file: its text, where it starts, and each row's line on demand."""
+class RunText:
+    """A run's lines where they lie in their block, block[lo:hi], read as if a "\n" stood before them
+    (the extraction patterns start at a line's "\n"), without copying the run: its pieces are the block
+    from the "\n" before the run, or, for a run that starts the block, its first line with a "\n" put
+    before it, then the block from that line's end."""
 
-    def __init__(self, file: str, first: int, text: str, event_of: Callable[[int, str], Event | None]):
+    def __init__(self, block: str, lo: int, hi: int):
+        self.block, self.lo, self.hi = block, lo, hi
+        if lo:
+            self.pieces = ((block, lo - 1, hi, 1),)  # (text, start, end, its offset to the block's)
+        else:
+            cut = block.find("\n", 0, hi)
+            self.pieces = (("\n" + block[:cut + 1], 0, cut + 2, -1), (block, cut, hi, 1))
+        # literals never span a line's end, so the first line's own "\n" is left to the block piece
+        self.literal_pieces = self.pieces if lo else ((self.pieces[0][0], 0, cut + 1, -1), self.pieces[1])
+
+    def has(self, literal: str) -> bool:
+        return any(text.find(literal, a, b) >= 0 for text, a, b, _ in self.literal_pieces)
+
+    def count(self, literal: str) -> int:
+        return sum(text.count(literal, a, b) for text, a, b, _ in self.literal_pieces)
+
+    def findall(self, pattern: re.Pattern) -> list:
+        if len(self.pieces) == 1:
+            text, a, b, _ = self.pieces[0]
+            return pattern.findall(text, a, b)
+        return [found for text, a, b, _ in self.pieces for found in pattern.findall(text, a, b)]
+
+    def first_line(self) -> str:
+        return self.block[self.lo:self.block.find("\n", self.lo)]
+
+    def line_starts(self, extract) -> list[int]:
+        """Where each row's line of a form starts in the block."""
+        out: list[int] = []
+        for text, a, b, shift in self.pieces:
+            shift = shift if shift > 0 else 0  # (the first piece's "\n" put before stands at the block's -1)
+            if type(extract) is list:  # (the first column's literal is in the line: the "\n" before it starts it)
+                out.extend(text.rfind("\n", 0, m.start() + 1) + shift for m in extract[0].finditer(text, a, b))
+            elif type(extract) is not tuple:
+                out.extend(m.start() + shift for m in extract.finditer(text, a, b))
+            else:
+                for literal in extract:
+                    at = text.find(literal, a, b)
+                    while at >= 0:
+                        out.append(text.rfind("\n", 0, at + 1) + shift)
+                        at = text.find(literal, at + 1, b)
+        return sorted(out) if type(extract) is tuple else out
+
+
+class Run:
+    """One run of routine lines in a file: its text (block[lo:hi]), where it starts, and each row's line
+    on demand."""
+
+    def __init__(self, file: str, first: int, text: RunText, event_of: Callable[[int, str], Event | None]):
         self.file, self.first, self.text = file, first, text  # first: the line number before the run
         self.event_of = event_of  # (line number, line) -> the per-line parser's event of that line
         self.starts: dict[str, list[int]] = {}
@@ -143,26 +196,29 @@ class Run:
         """(line number, text) of the form's row-th line in the run."""
         starts = self.starts.get(form)
         if starts is None:
-            starts = self.starts[form] = _line_starts(_EXTRACT[form], "\n" + self.text)
-        at = starts[row]  # the offset of the line in the run (the "\n" put before it is one character)
-        end = self.text.find("\n", at)
-        return self.first + 1 + self.text.count("\n", 0, at), self.text[at:end]
+            starts = self.starts[form] = self.text.line_starts(_EXTRACT[form])
+        at = starts[row]  # the offset of the line in the block
+        block, lo = self.text.block, self.text.lo
+        end = block.find("\n", at)
+        return self.first + 1 + block.count("\n", lo, at), block[at:end]
 
     def event(self, form: str, row: int) -> Event | None:
         return self.event_of(*self.line(form, row))
 
 
-def _line_starts(extract, text: str) -> list[int]:
-    """Where each row's line starts in text[1:] (text: the run with a "\n" put before it)."""
-    if type(extract) is not tuple:
-        return [m.start() for m in extract.finditer(text)]
-    found = []
-    for literal in extract:
-        at = text.find(literal)
-        while at >= 0:
-            found.append(text.rfind("\n", 0, at + 1))
-            at = text.find(literal, at + 1)
-    return sorted(found)
+def _rows(extract, text: RunText) -> list | int | None:
+    """The form's rows in text (a count for a form counted by literals); None when its columns disagree."""
+    if type(extract) is tuple:
+        return sum(map(text.count, extract))
+    if type(extract) is not list:
+        return text.findall(extract)
+    first = text.findall(extract[0])
+    if not first:
+        return first
+    columns = [first, *(text.findall(pattern) for pattern in extract[1:])]
+    if any(len(column) != len(first) for column in columns):
+        return None
+    return list(zip(*columns, strict=True))
 
 
 def _time_range(stamps: list[str], parse) -> tuple:
@@ -184,17 +240,18 @@ def summarise(run: Run, names: list[str], nlines: int) -> list[Event] | None:
     """The totals events of a run; None when its rows cannot all be told apart (read it line by line).
     names: the forms to try, those a file had before first (once they account for every line of the
     run, no other form can have one)."""
-    text = "\n" + run.text
+    text = run.text
     out: list[Event] = []
     accounted = 0
     found = []
     for name in names:
         if accounted == nlines:
             break
-        if _MARK[name] not in text:
+        if not text.has(_MARK[name]):
             continue
-        extract = _EXTRACT[name]
-        rows = extract.findall(text) if type(extract) is not tuple else sum(map(text.count, extract))
+        rows = _rows(_EXTRACT[name], text)
+        if rows is None:
+            return None
         if not rows:
             continue
         accounted += rows if type(rows) is int else len(rows)
@@ -221,7 +278,7 @@ def _totals(run: Run, form: str, count: int, first_ts, last_ts, fields: dict) ->
     return Event(first_ts, source, kind + TOTALS, fields, run.file, None, "")
 
 
-def _upstreaminfo(run: Run, form: str, rows: list, text: str) -> Event:
+def _upstreaminfo(run: Run, form: str, rows: list, text: RunText) -> Event:
     clients, stamps, times, addrs = zip(*rows, strict=True)
     durations: Counter = Counter()
     for raw, num in Counter(times).items():
@@ -233,8 +290,8 @@ def _upstreaminfo(run: Run, form: str, rows: list, text: str) -> Event:
     return _totals(run, form, len(rows), first, last, {"durations": durations, "routes": routes})
 
 
-def _nginx_kv(run: Run, form: str, rows: list, text: str) -> Event:
-    stamps, times = zip(*rows, strict=True)
+def _nginx_kv(run: Run, form: str, rows: list, text: RunText) -> Event:
+    times, stamps = zip(*rows, strict=True)
     durations: Counter = Counter()
     for raw, num in Counter(times).items():
         if raw != "-":
@@ -243,10 +300,10 @@ def _nginx_kv(run: Run, form: str, rows: list, text: str) -> Event:
     return _totals(run, form, len(rows), first, last, {"durations": durations, "routes": {}})
 
 
-def _received(run: Run, form: str, rows: list, text: str) -> Event | None:
-    if "Avg prompt throughput" in text or "#running-req" in text:
+def _received(run: Run, form: str, rows: list, text: RunText) -> Event | None:
+    if text.has("Avg prompt throughput") or text.has("#running-req"):
         return None  # a prompt that the per-line reading would take for a stats line
-    stamps, rests = zip(*rows, strict=True)
+    rests, stamps = zip(*rows, strict=True)
     prompts: dict[str, int] = {}
     for rest, row in reversed({rest: row for row, rest in reversed(list(enumerate(rests)))}.items()):
         end = rest.find(rest[0] + ", params", 1)
@@ -258,14 +315,14 @@ def _received(run: Run, form: str, rows: list, text: str) -> Event | None:
                    {"prompts": dict(sorted(prompts.items(), key=lambda item: item[1]))})
 
 
-def _sglang(run: Run, form: str, rows: list, text: str) -> Event | None:
-    if "Avg prompt throughput" in text:
+def _sglang(run: Run, form: str, rows: list, text: RunText) -> Event | None:
+    if text.has("Avg prompt throughput"):
         return None
     if text.count("#running-req: ") != len(rows):
         return None  # (what makes a batch line a stats line)
     columns = {}
     for key, pattern, conv in _SGL_COLUMNS:
-        values = pattern.findall(text)
+        values = text.findall(pattern)
         if len(values) != len(rows):
             return None  # a field missing from a line, or in one twice: line by line
         columns[key] = list(map(conv, values))
@@ -273,11 +330,11 @@ def _sglang(run: Run, form: str, rows: list, text: str) -> Event | None:
     return _totals(run, form, len(rows), parse_iso(first), parse_iso(last), {"columns": columns})
 
 
-def _uvicorn(run: Run, form: str, rows: int, text: str) -> Event:
+def _uvicorn(run: Run, form: str, rows: int, text: RunText) -> Event:
     return _totals(run, form, rows, None, None, {"durations": Counter(), "routes": {}})
 
 
-def _nothing(run: Run, form: str, rows: int, text: str) -> bool:
+def _nothing(run: Run, form: str, rows: int, text: RunText) -> bool:
     return False  # lines the per-line reading makes no event of
 
 
@@ -301,13 +358,13 @@ def _keyed(keys: tuple) -> re.Pattern | None:
     return pattern
 
 
-def _envoy_values(text: str, n: int) -> dict | None:
+def _envoy_values(text: RunText, n: int) -> dict | None:
     """{key: its value in each row} for the keys the bulk reading takes: one findall when every row has
     the first row's keys in its order, else one findall a key."""
-    first = text[1:text.find("\n", 1)]
+    first = text.first_line()
     pattern = _keyed(tuple(_KEYS.findall(first))) if '"response_code":' in first else None
     if pattern is not None:
-        rows = pattern.findall(text)
+        rows = text.findall(pattern)
         if len(rows) == n:
             taken = [k for k in _KEYS.findall(first) if k in _ENVOY_KEYS]
             columns = list(zip(*rows, strict=True)) if len(taken) > 1 else [rows] if taken else []
@@ -318,7 +375,7 @@ def _envoy_values(text: str, n: int) -> dict | None:
         return None  # a key twice in a line: line by line
     values = {}
     for key, pattern in _ENVOY_VALUES.items():
-        found = pattern.findall(text) if f'"{key}":' in text else []
+        found = text.findall(pattern) if text.has(f'"{key}":') else []
         if len(found) not in (0, n):
             return None  # a key in some lines only: line by line
         values[key] = found
@@ -327,7 +384,7 @@ def _envoy_values(text: str, n: int) -> dict | None:
     return values
 
 
-def _envoy(run: Run, form: str, rows: int, text: str) -> Event | None:
+def _envoy(run: Run, form: str, rows: int, text: RunText) -> Event | None:
     n = rows  # each Envoy line has its response_code once (the run's other forms cannot hold it)
     values = _envoy_values(text, n)
     if values is None:

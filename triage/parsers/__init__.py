@@ -373,6 +373,8 @@ class FileParser:
             return []
         self.line = line
         head = line[0]
+        if (head.isalnum() or head == "\x1b") and (wrapped := text_logs.unwrap(line)) is not None:
+            return self._unwrapped(lineno, line, *wrapped)
         # The bulk of a large access log, straight to its parser: exactly what _structured would reach
         if (head.isdigit() or head == "[") and self.csv is None and lineno > 3 and (
                 m := gateways.NGINX_UPSTREAMINFO.match(line)):
@@ -394,6 +396,17 @@ class FileParser:
                 return [ev, *self._client_error_events(ev, lineno, line)]
             return [ev]
         return self._text(lineno, line)
+
+    def _unwrapped(self, lineno: int, line: str, ts, inner: str) -> list[Event]:
+        """The events of the line inside a collector's envelope, quoted whole, at the envelope's time
+        where the inner line has none."""
+        events = self.parse(lineno, inner)
+        for ev in events:
+            ev.text = line
+            if ev.ts is None:
+                ev.ts = ts
+        self.line = line
+        return events
 
     def _json(self, lineno: int, line: str) -> list[Event] | None:
         at = line.find('"event":"')

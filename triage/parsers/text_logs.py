@@ -21,6 +21,39 @@ _ISO_LEAD = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[.,\d]*(?:Z|[+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+# What a log collector puts before the line a program wrote: docker compose's "<service>-1  | ", kubectl
+# logs --timestamps' RFC3339 stamp and journald's / syslog's "Mon DD HH:MM:SS host unit[pid]: ". A stamp or
+# a syslog head is taken off only when a line start some parser knows follows it (a TGI line is a stamp
+# and its level, an nginx access line an address): other text keeps the envelope split_envelope reads.
+_COMPOSE = re.compile(r"^[a-z0-9][a-z0-9_.-]*\s+\| ?(?=\S)")  # (compose names are lower case)
+_RFC3339 = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (?=\S)")
+_KNOWN_START = re.compile(r"[{(\[]|\d|time=|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d |[IWEF]\d{4} ")
+
+
+def unwrap(line: str) -> tuple | None:
+    """(ts or None, the line inside) of a line in a collector's envelope; None: no envelope.
+
+    >>> unwrap("vllm-1  | INFO 05-09 00:49:33 api_server.py:1] hi")
+    (None, 'INFO 05-09 00:49:33 api_server.py:1] hi')
+    """
+    if "\x1b" in line[:64]:  # docker compose colours its service names
+        line = _ANSI.sub("", line)
+    head = line[:1]
+    if head.isdigit():
+        m = _RFC3339.match(line)
+        if m is None or not _KNOWN_START.match(line, m.end()):
+            return None
+        return parse_iso(m.group("ts")), line[m.end():]
+    if not head.isalnum():
+        return None
+    if head.isupper() and (m := _SYSLOG.match(line)):
+        if not _KNOWN_START.match(line, m.start("msg")) or "haproxy[" in line[:m.start("msg")]:
+            return None  # (HAProxy's log format is its syslog line: gateways.parse_haproxy reads it whole)
+        return parse_syslog(m.group("ts")), m.group("msg")
+    m = _COMPOSE.match(line)
+    return (None, line[m.end():]) if m else None
+
+
 def split_envelope(line: str) -> tuple:
     """(ts, message, source) of a text line; unknown shapes give (None, line, "text")."""
     if "\x1b" in line:

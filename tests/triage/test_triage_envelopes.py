@@ -1,0 +1,98 @@
+"""Lines inside a log collector's envelope read as the lines themselves: docker compose's service prefix
+(plain and coloured), kubectl logs --timestamps, journald, CRLF line ends, gzip and rotated files, and an
+engine's and a gateway's lines in one file. Each breadth fixture gives the same first finding however it
+is wrapped, and a healthy one stays quiet."""
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from triage.parsers import text_logs
+
+BREADTH = Path(__file__).parent / "fixtures" / "breadth"
+CASES = ("oom-runtime/vllm-v1-oom-serving", "stream-cut-gateway-timeout/nginx-504-access-only",
+         "stream-cut-gateway-timeout/nginx-timed-out-reading-upstream",
+         "stream-cut-client-disconnect/nginx-499-access", "engine-crash/ollama-llama-server-terminated",
+         "healthy/nginx-streaming-ok", "healthy/vllm-v1-startup-serving")
+
+WRAPS = {
+    "compose": lambda line: "vllm-1  | " + line,
+    "compose-coloured": lambda line: "\x1b[36mllm-gw-1  |\x1b[0m " + line,
+    "kubectl-timestamps": lambda line: "2025-05-09T10:12:03.123456789Z " + line,
+    "journald": lambda line: "May 09 10:12:03 gpu-host svc[4127]: " + line,
+    "crlf": lambda line: line + "\r",
+}
+
+
+def _write(case: Path, dest: Path, wrap) -> None:
+    dest.mkdir()
+    for src in case.iterdir():
+        if src.name == "expected.json":
+            continue
+        lines = src.read_text().splitlines()
+        (dest / src.name).write_text("".join(wrap(line) + "\n" for line in lines))
+
+
+def _first(diagnose_json, *paths) -> tuple:
+    code, doc, err = diagnose_json(*paths)
+    assert "Traceback" not in err and code in (0, 1), err
+    loud = [f for f in doc["findings"] if f["confidence"] in ("medium", "high")]
+    return (loud[0]["id"], loud[0]["cause"]) if loud else None
+
+
+def _expected(case: Path) -> tuple | None:
+    want = json.loads((case / "expected.json").read_text())
+    return None if want["first"] is None else (want["first"], want.get("cause"))
+
+
+@pytest.mark.parametrize("wrap", sorted(WRAPS))
+@pytest.mark.parametrize("name", CASES)
+def test_a_wrapped_log_reads_as_the_log(name, wrap, tmp_path, diagnose_json):
+    case = BREADTH / name
+    _write(case, tmp_path / "logs", WRAPS[wrap])
+    assert _first(diagnose_json, tmp_path / "logs") == _expected(case)
+
+
+def test_wrapped_lines_keep_the_envelope_time_and_quote_the_line_whole(tmp_path, diagnose_json):
+    case = BREADTH / "stream-cut-gateway-timeout/nginx-504-access-only"
+    _write(case, tmp_path / "logs", WRAPS["journald"])
+    code, doc, _ = diagnose_json(tmp_path / "logs")
+    ev = doc["findings"][0]["evidence"][0]
+    assert ev["text"].startswith("May 09 10:12:03 gpu-host svc[4127]: 10.0.0.7 - - [09/May/2025:10:13:33")
+    assert ev["ts"].startswith("2025-05-09T10:13:33")  # the access line's own time, not the envelope's
+
+
+def test_rotated_and_gzipped_files_and_one_mixed_file(tmp_path, diagnose_json):
+    engine = (BREADTH / "oom-runtime/vllm-v1-oom-serving/engine.log").read_bytes()
+    access = (BREADTH / "stream-cut-gateway-timeout/nginx-504-access-only/nginx-access.log").read_bytes()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "engine.log.1").write_bytes(engine)
+    (logs / "engine.log.2.gz").write_bytes(gzip.compress(engine))
+    (logs / "all.log").write_bytes(engine + access)
+    code, doc, err = diagnose_json(logs)
+    assert doc["read"]["files"] == 3
+    assert [f["id"] for f in doc["findings"][:2]] == ["oom-runtime", "engine-crash"]
+    assert "stream-cut-gateway-timeout" in {f["id"] for f in doc["findings"]}
+
+
+@pytest.mark.parametrize("line", [
+    "2024-04-10T09:19:37.911937Z ERROR text_generation_launcher: Shard 0 failed to start",  # TGI's own stamp
+    "Mar 12 10:00:00 lb haproxy[812]: 10.0.0.7:51234 [12/Mar/2025:10:00:00.123] fe be/s1 0/0/1/-1/60001 504",
+    "Mar 12 10:00:00 host systemd[1]: ollama.service: Failed with result 'oom-kill'.",  # read by split_envelope
+    "INFO | not a compose prefix",
+    "| GPU  Name  |",
+])
+def test_lines_that_are_not_in_an_envelope(line):
+    assert text_logs.unwrap(line) is None
+
+
+def test_unwrap_takes_the_envelope_off():
+    assert text_logs.unwrap("ollama  | time=2025-02-24T11:16:31.470-08:00 level=ERROR msg=x") == (
+        None, "time=2025-02-24T11:16:31.470-08:00 level=ERROR msg=x")
+    ts, inner = text_logs.unwrap('2025-05-09T10:12:03Z 10.0.0.7 - - [09/May/2025:10:12:03 +0000] "GET / HTTP/1.1"')
+    assert inner.startswith("10.0.0.7 - - [") and ts.year == 2025
+    ts, inner = text_logs.unwrap("May 15 14:22:41 rab-wksta kernel: [65717.753784] NVRM: Xid (PCI:0000:08:00): 31")
+    assert inner == "[65717.753784] NVRM: Xid (PCI:0000:08:00): 31" and ts is not None

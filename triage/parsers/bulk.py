@@ -159,7 +159,10 @@ class RunText:
         if len(self.pieces) == 1:
             text, a, b, _ = self.pieces[0]
             return pattern.findall(text, a, b)
-        return [found for text, a, b, _ in self.pieces for found in pattern.findall(text, a, b)]
+        (head, a, b, _), (block, c, d, _) = self.pieces
+        found = pattern.findall(head, a, b)
+        found.extend(pattern.findall(block, c, d))
+        return found
 
     def first_line(self) -> str:
         return self.block[self.lo:self.block.find("\n", self.lo)]

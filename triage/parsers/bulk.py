@@ -328,7 +328,8 @@ def _sglang(run: Run, form: str, rows: list, text: RunText) -> Event | None:
         values = text.findall(pattern)
         if len(values) != len(rows):
             return None  # a field missing from a line, or in one twice: line by line
-        columns[key] = list(map(conv, values))
+        converted = {value: conv(value) for value in set(values)}  # (a few distinct values, read once each)
+        columns[key] = list(map(converted.__getitem__, values))
     first, last = min(rows), max(rows)  # "YYYY-MM-DD HH:MM:SS" sorts as it reads
     return _totals(run, form, len(rows), parse_iso(first), parse_iso(last), {"columns": columns})
 

@@ -23,14 +23,16 @@ def locust_argv(phase: LoadPhase, host: str, client_log: Path, report_dir: Path)
     ]
 
 
-def start_phase(sup: Supervisor, phase: LoadPhase, index: int, host: str, report_dir: Path) -> Proc:
-    """Start one phase; the client log goes with the other logs (triage reads it)."""
+def start_phase(sup: Supervisor, phase: LoadPhase, index: int, host: str, report_dir: Path,
+                cpus: frozenset[int] | None = None, nice: int | None = None) -> Proc:
+    """Start one phase (on `cpus` alone and at `nice` when given); the client log goes with the
+    other logs (triage reads it)."""
     client_log = report_dir / "logs" / f"client-{index}-{phase.profile}.log"
     load_dir = report_dir / "load" / f"{index}-{phase.profile}"
     load_dir.mkdir(parents=True, exist_ok=True)
     argv = locust_argv(phase, host, client_log, load_dir)
     return sup.start(ProcSpec(name=f"locust-{index}", argv=argv, env=child_env(), cwd=REPO_ROOT,
-                              log_path=report_dir / "procs" / f"locust-{index}.log"))
+                              log_path=report_dir / "procs" / f"locust-{index}.log", cpus=cpus, nice=nice))
 
 
 def read_summary(load_dir: Path) -> dict | None:

@@ -33,6 +33,10 @@ class ProcSpec:
     log_path: Path
     env: dict[str, str] | None = None
     cwd: Path | None = None
+    # CPUs the child may run on (os.sched_setaffinity right after it starts, before its interpreter
+    # has started a thread: every thread it starts inherits them); None: wherever the OS puts it
+    cpus: frozenset[int] | None = None
+    nice: int | None = None  # a nice value for the child (negative: ahead of others; see prioritize)
 
 
 @dataclass(slots=True)
@@ -41,6 +45,7 @@ class Proc:
     popen: subprocess.Popen
     started_ts: float
     stopped_by_us: bool = False
+    placement: str = ""  # where it runs and at what priority, when the spec asked (for the timeline)
 
     @property
     def name(self) -> str:
@@ -117,6 +122,13 @@ class Supervisor:
         _LIVE[popen.pid] = popen
         proc = Proc(spec=spec, popen=popen, started_ts=time.monotonic())
         self.procs.append(proc)
+        placed = []
+        if spec.cpus is not None:
+            os.sched_setaffinity(popen.pid, spec.cpus)
+            placed.append(f"on CPUs {','.join(map(str, sorted(spec.cpus)))}")
+        if spec.nice is not None:
+            placed.append(prioritize(popen.pid, spec.nice))
+        proc.placement = ", ".join(placed)
         return proc
 
     def close(self) -> None:
@@ -131,6 +143,26 @@ class Supervisor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def prioritize(pid: int, nice: int) -> str:
+    """Give a process the nice value `nice`; says what took. With autogroups (Linux's default,
+    /proc/sys/kernel/sched_autogroup_enabled) the CPU is shared between sessions first, and a
+    process's own nice ranks it only within its session: a child in a session of its own gets the
+    session's nice (/proc/PID/autogroup, sched(7)) too. A negative value needs CAP_SYS_NICE;
+    without it the child runs at its normal priority and the text says why."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError as exc:
+        return f"at its normal priority (nice {nice} refused: {exc.strerror or exc})"
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    if not autogroup.exists():  # a kernel without autogroups: the process's nice is all there is
+        return f"nice {nice}"
+    try:
+        autogroup.write_text(str(nice))
+    except OSError as exc:
+        return f"nice {nice}, its session's autogroup not ({exc.strerror or exc})"
+    return f"nice {nice} (and its session's autogroup)"
 
 
 def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes]:

@@ -28,6 +28,12 @@ from gameday.stack import (
 
 PROBE_TIMEOUT_S = 120.0  # Locust's start-up plus one cold ~1000-token prefill on a busy CPU
 LOAD_GRACE_S = 60.0  # Locust's own stop plus report writing, beyond the phase's run time
+# The measuring client's nice value (loadgen-agreement). On the core vLLM's worker leaves, vLLM's
+# engine core spins on the worker's shared-memory queue (vLLM's shm_broadcast readers busy-loop with
+# sched_yield for 1 s after each read): ~92% of that core during the load. At the same priority
+# Locust's loop ran timers 326 to 440 ms late at p99 and a third of the streams reached it whole at
+# their end; at -10 (it and its session) 4.4 ms (docs/loadgen.md, "Against vLLM's own histograms").
+CLIENT_NICE = -10
 # Kept in series.json for each run: what the alerts read, second by second.
 RECORDED_SERIES = ("up", "llm:requests_running", "llm:requests_waiting", "llm:kv_cache_usage:ratio",
                    "llm:preemptions:rate5m", "llm:requests_abort:ratio_rate5m", "llm:requests_error:ratio_rate5m",
@@ -123,11 +129,14 @@ def _run_load(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) ->
     # on 2 cores its 1 s scrapes and rule evaluations starve the client and vLLM's API server
     direct = scenario.loadgen_agreement
     host = f"http://{stack.engine_addrs[0]}" if direct else stack.gateway_url
+    cpus = _client_cpus(stack, scenario, start_ts, log) if direct else None
+    nice = CLIENT_NICE if direct else None
     for index, phase in enumerate(scenario.phases):
         if direct:
             _snapshot_metrics(stack, "before")
-        proc = start_phase(stack.sup, phase, index, host, stack.report_dir)
-        log.add(start_ts, f"load phase {index}: {phase.profile}, {phase.users} users, {phase.run_time_s}s")
+        proc = start_phase(stack.sup, phase, index, host, stack.report_dir, cpus=cpus, nice=nice)
+        placed = f" ({proc.placement})" if proc.placement else ""
+        log.add(start_ts, f"load phase {index}: {phase.profile}, {phase.users} users, {phase.run_time_s}s{placed}")
         if watcher is None and not direct:
             _wait_probe_done(stack, proc)
             watcher = _observe(stack, scenario, start_ts, log)
@@ -144,6 +153,19 @@ def _run_load(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) ->
         if direct:
             _snapshot_metrics(stack, "after")
     return watcher or _observe(stack, scenario, start_ts, log)
+
+
+def _client_cpus(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) -> frozenset[int] | None:
+    """vLLM: the client off the cores vLLM's worker is bound to (`taskset -c` does the same by hand);
+    None (wherever the OS puts it) for other engines or when no core is left."""
+    if scenario.engine != "vllm":
+        return None
+    from gameday.vllm import client_cpus, worker_cpus
+
+    cpus = client_cpus(stack.engines[0])
+    worker = ",".join(map(str, sorted(worker_cpus(stack.engines[0]))))
+    log.add(start_ts, f"vLLM's worker is bound to CPUs {worker}" + ("; no CPU is free of it" if cpus is None else ""))
+    return cpus
 
 
 def _inject(stack: Stack, fault, start_ts: float, log: RunLog) -> None:

@@ -77,7 +77,8 @@ def check_loadgen_agreement(stack: Stack, notes: list[str]) -> list[str]:
     agreement.write(result, stack.report_dir)
     for row in result.rows:
         offset = row.mean_offset_s
-        notes.append(f"{row.metric}: vLLM p50 in {agreement.fmt_bucket(row.bucket)}, loadgen p50 "
+        notes.append(f"{row.metric}: vLLM p50 in {agreement.fmt_bucket(row.bucket)}"
+                     f"{agreement.fmt_outside(row.outside_s)}, loadgen p50 "
                      f"{agreement.fmt_ms(row.loadgen_p50_s)} ({'agrees' if row.agrees else 'DISAGREES'}); "
                      f"samples {row.engine_count}/{row.loadgen_count}; mean offset "
                      f"{'-' if offset is None else f'{offset * 1000:+.2f} ms'}")

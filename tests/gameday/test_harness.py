@@ -1,6 +1,7 @@
 """Harness parts against the real programs: process groups, nginx proxying a stream, Prometheus."""
 
 import http.server
+import os
 import re
 import shutil
 import signal
@@ -245,3 +246,21 @@ def test_interrupted_harness_stops_its_children(tmp_path, signum):
     assert harness.wait(timeout=20) != 0
     time.sleep(0.2)
     assert _gone_or_zombie(child)
+
+
+def test_a_child_runs_on_the_cpus_and_at_the_nice_value_its_spec_asks(tmp_path):
+    cpu = min(os.sched_getaffinity(0))
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    with Supervisor() as sup:
+        proc = sup.start(ProcSpec(name="placed", argv=["sleep", "30"], log_path=tmp_path / "log",
+                                  cpus=frozenset({cpu}), nice=base + 5))
+        assert os.sched_getaffinity(proc.pid) == {cpu}
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == base + 5
+        autogroup = Path(f"/proc/{proc.pid}/autogroup")
+        if autogroup.exists():  # its own session: its own autogroup, at the same nice value
+            assert autogroup.read_text().split()[-1] == str(base + 5)
+            assert proc.placement == f"on CPUs {cpu}, nice {base + 5} (and its session's autogroup)"
+        else:
+            assert proc.placement == f"on CPUs {cpu}, nice {base + 5}"
+        plain = sup.start(ProcSpec(name="plain", argv=["sleep", "30"], log_path=tmp_path / "log2"))
+        assert plain.placement == ""

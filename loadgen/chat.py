@@ -9,6 +9,7 @@ single process) writes loadgen_summary.json/.md, loadgen_requests.csv and PNG pl
 --report-dir. See docs/loadgen.md for every option and profile.
 """
 
+import gc
 import logging
 import random
 import time
@@ -78,6 +79,10 @@ def _on_test_start(environment, **kwargs):
     if not isinstance(environment.runner, MasterRunner):
         _resolve_early(environment)
         STATE.loop_lag.start()
+    # What start-up made (Locust, numpy, the prompts) lives to the end: out of the cyclic GC's sight,
+    # a full collection walks only what the run made (else one took 200 ms at 100 users, a pause in
+    # every stream in flight, against none in the reference client in the same 10 s).
+    gc.freeze()
 
 
 def _resolve_early(environment) -> None:

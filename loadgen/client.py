@@ -4,14 +4,23 @@ The body is read through public APIs only: a chunked body (what every SSE server
 HTTP/1.1) through requests' `iter_content(chunk_size=None)`, which hands over each HTTP chunk as it
 arrives; any other body through urllib3's `HTTPResponse.read1`, one read of what has arrived. Each
 piece is timed when the read returns it.
+
+The read timeout inside a body (`--timeout-s`, the longest silence between two reads) is one
+watchdog greenlet per process for every stream (`ReadWatch`), not a timer per socket read: requests'
+own read timeout makes gevent start and cancel a timer for every wait on the socket, about 6% of the
+client's CPU per request. Up to the response headers requests' timeout stays in force; on a socket
+that is not gevent's (Locust's monkey-patching off) it stays in force for the body too.
 """
 
 import json
+import socket
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import gevent
+import gevent.socket
 import requests
 from gevent import GreenletExit
 from urllib3.exceptions import HTTPError as Urllib3Error
@@ -22,6 +31,7 @@ from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
 from loadgen.sse import SSEParser
 
 READ_SIZE = 65536  # most bytes one read hands over; a read never waits for more than what has arrived
+SWEEP_S = 1.0  # the watchdog looks at every stream this often (or a tenth of the read timeout, if less)
 
 
 class StreamFailure(Exception):
@@ -68,6 +78,69 @@ class StreamSettings:
     connect_timeout_s: float = 10.0
     abort_after_tokens: int | None = None  # abort profile: close the stream after this many chunks
     headers: dict | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Silence:
+    """One watched body: its socket, its read timeout and the time of its last read."""
+
+    sock: socket.socket
+    timeout_s: float
+    last: float
+    timed_out: bool = False
+
+
+class ReadWatch:
+    """The read timeout of every streamed body of this process: a stream silent for longer than its
+    timeout has its socket shut down (its read then ends at once) and is marked `timed_out`. A
+    stream counts as silent from its last read; the watchdog checks every SWEEP_S (or a tenth of the
+    shortest timeout), so a timeout fires up to that much after the silence passed it."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.streams: set[Silence] = set()
+        self.greenlet: gevent.Greenlet | None = None
+
+    def add(self, sock: socket.socket, timeout_s: float) -> Silence:
+        silence = Silence(sock, timeout_s, self.clock())
+        self.streams.add(silence)
+        if self.greenlet is None or self.greenlet.dead:
+            self.greenlet = gevent.spawn(self._run)
+        return silence
+
+    def discard(self, silence: Silence) -> None:
+        self.streams.discard(silence)
+
+    def _run(self) -> None:
+        while self.streams:
+            gevent.sleep(min(SWEEP_S, min(s.timeout_s for s in self.streams) / 10))
+            now = self.clock()
+            for silence in [s for s in self.streams if now - s.last > s.timeout_s]:
+                silence.timed_out = True
+                self.streams.discard(silence)
+                try:
+                    silence.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:  # already closed
+                    pass
+
+
+READ_WATCH = ReadWatch()
+
+
+def watch_body(resp, timeout_s: float) -> Silence | None:
+    """Hand the body's read timeout from requests to READ_WATCH (gevent sockets only)."""
+    conn = resp.raw.connection
+    sock = conn.sock if conn is not None else None
+    if not isinstance(sock, gevent.socket.socket):
+        return None
+    sock.settimeout(None)  # (urllib3 sets the timeouts again for the connection's next request)
+    return READ_WATCH.add(sock, timeout_s)
+
+
+def read_timeout_text(resp) -> str:
+    """How requests words a read timeout in the body: ConnectionError(ReadTimeoutError)."""
+    pool = resp.connection.poolmanager.connection_from_url(resp.url)
+    return describe_exception(requests.exceptions.ConnectionError(ReadTimeoutError(pool, resp.url, "Read timed out.")))
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -131,10 +204,24 @@ def _consume(resp, record: RequestRecord, settings: StreamSettings, scheduled_ts
     if resp.status_code >= 400:
         return fail(record, HttpStatusFailure, http_error_text(resp)), ""
     parser = SSEParser()
+    silence = watch_body(resp, settings.timeout_s)
+    try:
+        return _read_stream(resp, record, settings, scheduled_ts, clock, parser, silence)
+    finally:
+        if silence is not None:
+            READ_WATCH.discard(silence)
+
+
+def _read_stream(resp, record: RequestRecord, settings: StreamSettings, scheduled_ts: float,
+                 clock: Callable[[], float], parser: SSEParser,
+                 silence: Silence | None) -> tuple[StreamFailure | None, str]:
     abort_after = settings.abort_after_tokens
     try:
         for data in _arrivals(resp):
-            parser.feed(data, clock() - scheduled_ts, abort_after)
+            now = clock()
+            if silence is not None:
+                silence.last = now
+            parser.feed(data, now - scheduled_ts, abort_after)
             if abort_after is not None and parser.state.num_chunks >= abort_after:
                 return _abort(resp, record, parser)
         parser.close(clock() - scheduled_ts)
@@ -143,9 +230,13 @@ def _consume(resp, record: RequestRecord, settings: StreamSettings, scheduled_ts
         raise
     except (requests.exceptions.RequestException, Urllib3Error) as exc:
         _fill(record, parser)
+        if silence is not None and silence.timed_out:  # the watchdog shut the socket
+            return fail(record, TimeoutFailure, read_timeout_text(resp)), parser.state.text
         cls = TimeoutFailure if is_read_timeout(exc) else StreamCutFailure
         return fail(record, cls, describe_exception(_as_requests_error(exc))), parser.state.text
     _fill(record, parser)
+    if silence is not None and silence.timed_out:  # (a body without chunks just ends when shut)
+        return fail(record, TimeoutFailure, read_timeout_text(resp)), parser.state.text
     if parser.state.error is not None:
         return fail(record, ErrorEventFailure, f"openai.APIError: {parser.state.error}"), parser.state.text
     if not parser.state.done:

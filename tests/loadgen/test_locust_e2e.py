@@ -142,3 +142,23 @@ def test_every_profile_runs_headless(mock_process, tmp_path, profile):
         assert s["num_aborted"] > 0 and s["num_succeeded"] == 0
     else:
         assert s["num_succeeded"] > 0 and s["num_aborted"] == 0
+
+
+def test_a_silent_stream_times_out_through_the_watchdog(mock_process, tmp_path):
+    """Under Locust (gevent sockets) the body's read timeout is the watchdog's, worded as requests'."""
+    server = mock_process(ttft_s=0.02, itl_s=0.01, faults=("ok", "hang"))
+    log = tmp_path / "client.log"
+    proc = run_locust(locust_args(server.port, tmp_path, "-u", "2", "-r", "2", "-t", "3s", "--output-tokens", "6",
+                                  "--timeout-s", "0.5", "--client-log", str(log)), tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    s = read_summary(tmp_path)
+    modes = server.stats.modes
+    assert s["num_succeeded"] == modes["ok"] and s["num_incomplete"] == 0
+    assert s["failures"]["timeout"] == modes["hang"] >= 2 and s["num_failed"] == modes["hang"]
+    lines = log.read_text().splitlines()
+    assert len(lines) == modes["hang"]
+    assert all(" kind=timeout status=200 " in line and line.endswith(
+        f"requests.exceptions.ConnectionError: HTTPConnectionPool(host='127.0.0.1', port={server.port}): "
+        "Read timed out.") for line in lines)
+    rows = [r for r in csv.DictReader(open(tmp_path / REQUESTS_CSV)) if r["failure_kind"] == "timeout"]
+    assert all(int(r["num_chunks"]) == 3 for r in rows)  # the mock goes silent after 3 tokens

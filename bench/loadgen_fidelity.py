@@ -5,19 +5,26 @@ Each server streams on a known schedule (first content token 150 ms after the re
 every 20 ms, 32 tokens; tests/loadgen/schedule_servers.py): the standard library's
 ThreadingHTTPServer (chunked), aiohttp.web, starlette under uvicorn, the standard library one behind
 nginx (`proxy_buffering off`), and llmserve itself (its built-in model: no fixed schedule, so only
-the comparison with the reference). For every server and user count the reference
+the comparison with the reference). For every schedule server and user count the reference
 (bench/reference/plain_locustfile.py: HttpUser, post(stream=True), iter_lines()) and loadgen run one after the
-other, the same length, in alternating order. Printed per row: TTFT, ITL and TPOT p50 and p99 of
+other, the same length, in alternating order; against llmserve, whose pace moves from run to run,
+both run at the same time, each with half the row's users (at least one), and are judged on the
+requests that started and ended while both ran. Printed per row: TTFT, ITL and TPOT p50 and p99 of
 loadgen minus the schedule and minus the reference, both request counts, each client's CPU per
-request (start-up and report included) and each client's drift (its TTFT p50 minus the server's own
-TTFT p50 over the same streams: what the client added). Targets: p50 within
-2 ms of the reference, p99 within 20 ms, counts within 5%. Last line: one JSON object.
+request (all of it, start-up and report included, and only what it spent while its streams ran) and
+each client's drift (its TTFT p50 minus the server's own TTFT p50 over the same streams: what the
+client added). Targets: p50 no more than 2 ms above the reference, p99 no more than 20 ms above,
+counts within 5%; below the reference loadgen must stay within those limits of the schedule
+(between the two, the reference was the late one), and against llmserve within them of the
+reference either way. The symmetric verdict (within the limits of the reference either way, every
+server) is printed beside it. Last line: one JSON object.
 
 A row `100x2` runs both clients with Locust's `--processes 2`: how a user carries more streams than
-one process holds. Each run lasts at least --run-time-s and long enough for about --min-requests
-finished requests (one user: about 31 s for 40), and both clients are judged on the requests that
-ended within that length from their first request (Locust's -t cuts the reference's last streams,
-loadgen lets them finish). --rounds N alternates N runs of each client per row and pools them.
+one process holds. Each window lasts at least --run-time-s and long enough for about --min-requests
+finished requests (one user: about 31 s for 40), each run RUN_MARGIN_S longer, and both clients are
+judged on the requests that started and ended within the window from their first request (Locust's
+-t cuts the reference's last streams, loadgen lets them finish: neither inside the window).
+--rounds N alternates N runs of each client per row and pools them.
 
     python bench/loadgen_fidelity.py [--quick] [--run-time-s 8] [--min-requests 40] [--rounds 1]
         [--servers stdlib,aiohttp] [--users 1,20,100,100x2]
@@ -33,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +59,8 @@ from fidelity_harness import (  # noqa: E402
 )
 
 TTFT_MS, ITL_MS, NUM_TOKENS = 150.0, 20.0, 32
+RUN_MARGIN_S = 2.0  # each run this much longer than the window judged: -t cuts no stream inside it
+TOGETHER_MARGIN_S = 5.0  # llmserve rows: each client's run is this much longer than the window judged
 LLMSERVE_TOKENS = 8  # the built-in model on CPU: 32 tokens for 100 users outlast a short run
 TARGET_P50_MS, TARGET_P99_MS, TARGET_COUNT = 2.0, 20.0, 0.05
 REFERENCE_PROMPT = "tell me a story"  # bench/reference/plain_locustfile.py's
@@ -73,47 +83,53 @@ def start(kind: str, workdir: Path) -> Server:
     if kind == "llmserve":
         return start_llmserve()
     if kind == "nginx":
-        upstream = start_schedule_server("stdlib", TTFT_MS, ITL_MS, NUM_TOKENS)
+        upstream = start_schedule_server("stdlib", TTFT_MS, ITL_MS, NUM_TOKENS, keep_sends=False)
         try:
             return start_behind_nginx(upstream, workdir)
         except BaseException:
             upstream.stop()
             raise
-    return start_schedule_server(kind, TTFT_MS, ITL_MS, NUM_TOKENS)
+    return start_schedule_server(kind, TTFT_MS, ITL_MS, NUM_TOKENS, keep_sends=False)  # (only the tests read them)
 
 
-def in_window(rows: list[dict], start_key: str, e2e_key: str, run_time_s: float) -> list[dict]:
-    """The requests that ended within `run_time_s` of the client's first request: the two clients
-    stop differently (Locust's -t cuts the reference's streams in flight; loadgen, under its shape,
-    lets them finish within --stop-timeout), so each is counted over the same length of run."""
-    if not rows:
-        return rows
-    first = min(float(r[start_key]) for r in rows)
-    return [r for r in rows if float(r[start_key]) + float(r[e2e_key]) <= first + run_time_s]
-
-
-def loadgen_samples(run: tuple[Path, float], run_time_s: float) -> dict:
-    report, cpu_s = run
+def loadgen_rows(report: Path) -> tuple[list[dict], int]:
+    """loadgen's finished requests in one form with the reference's, and how many failed."""
     every = list(csv.DictReader(open(report / "loadgen_requests.csv")))
-    rows = in_window([r for r in every if r["outcome"] == "ok"], "scheduled_unix", "e2e_s", run_time_s)
-    return {"count": len(rows), "cpu_s": cpu_s, "cpu_requests": sum(r["outcome"] == "ok" for r in every),
-            "ttft": [float(r["ttft_s"]) for r in rows],
-            "itl": [float(g) for r in rows for g in r["itl_s"].split()],
-            "tpot": [float(r["tpot_s"]) for r in rows if r["tpot_s"]],
-            "failed": sum(1 for r in every if r["outcome"] == "failed")}
+    rows = [{"start": float(r["scheduled_unix"]), "e2e": float(r["e2e_s"]), "ttft": float(r["ttft_s"]),
+             "itl": [float(g) for g in r["itl_s"].split()], "tpot": float(r["tpot_s"]) if r["tpot_s"] else None}
+            for r in every if r["outcome"] == "ok"]
+    return rows, sum(1 for r in every if r["outcome"] == "failed")
 
 
-def reference_samples(run: tuple[list[dict], float], run_time_s: float) -> dict:
-    every, cpu_s = run
-    results = in_window(every, "start_unix", "e2e_s", run_time_s)
-    return {"count": len(results), "cpu_s": cpu_s, "cpu_requests": len(every), "ttft": [r["ttft_s"] for r in results],
-            "itl": [g for r in results for g in r["itl_s"]],
-            "tpot": [sum(r["itl_s"]) / (r["num_tokens"] - 1) for r in results if r["num_tokens"] > 1], "failed": 0}
+def reference_rows(results: list[dict]) -> list[dict]:
+    return [{"start": r["start_unix"], "e2e": r["e2e_s"], "ttft": r["ttft_s"], "itl": r["itl_s"],
+             "tpot": sum(r["itl_s"]) / (r["num_tokens"] - 1) if r["num_tokens"] > 1 else None} for r in results]
+
+
+def window_of(rows: list[dict], run_time_s: float) -> tuple[float, float]:
+    """From the client's first request to `run_time_s` later: the two clients stop differently
+    (Locust's -t cuts the reference's streams in flight; loadgen, under its shape, lets them finish
+    within --stop-timeout), so each is counted over the same length of run."""
+    first = min((r["start"] for r in rows), default=0.0)
+    return first, first + run_time_s
+
+
+def samples(rows: list[dict], failed: int, cpu, window: tuple[float, float]) -> dict:
+    """The requests that started and ended within `window`, their timings, and the client's CPU:
+    all of it (start-up and report included) over all its finished requests, and the CPU spent
+    within the window over the requests of the window (what the streams cost while they ran)."""
+    start, end = window
+    inside = [r for r in rows if r["start"] >= start and r["start"] + r["e2e"] <= end]
+    return {"count": len(inside), "cpu_s": cpu.total_s, "cpu_requests": len(rows),
+            "load_cpu_s": cpu.between(start, end), "load_requests": len(inside),
+            "ttft": [r["ttft"] for r in inside], "itl": [g for r in inside for g in r["itl"]],
+            "tpot": [r["tpot"] for r in inside if r["tpot"] is not None], "failed": failed}
 
 
 def pool(parts: list[dict]) -> dict:
     """Several alternating runs of one client pooled into one sample."""
-    out = {"count": 0, "cpu_s": 0.0, "cpu_requests": 0, "ttft": [], "itl": [], "tpot": [], "failed": 0}
+    out = {"count": 0, "cpu_s": 0.0, "cpu_requests": 0, "load_cpu_s": 0.0, "load_requests": 0,
+           "ttft": [], "itl": [], "tpot": [], "failed": 0}
     for part in parts:
         for key, value in part.items():
             out[key] += value
@@ -124,13 +140,29 @@ def pct_ms(values: list[float], p: float) -> float | None:
     return float(np.percentile(values, p)) * 1000 if values else None
 
 
+def per_request_ms(cpu_s: float, requests: int) -> float | None:
+    return 1000 * cpu_s / requests if requests else None
+
+
 def compare(lg: dict, ref: dict, scheduled: bool) -> dict:
+    """Per metric and percentile loadgen minus the schedule and minus the reference, and the verdicts.
+
+    `meets_targets`: counts within TARGET_COUNT of each other, no failure, and per value loadgen no
+    more than the limit (2 ms at p50, 20 ms at p99) above the reference; below it, against a server
+    with a schedule, loadgen must still be no more than the limit below the schedule (a client
+    cannot read a token before it is sent: a value under the schedule would be loadgen's error, one
+    between the schedule and a slower reference is the reference's lateness, not loadgen's); against
+    llmserve (no schedule, both clients at once) within the limit either way.
+    `meets_symmetric_targets`: within the limit of the reference either way, for every server."""
     row = {"loadgen_requests": lg["count"], "reference_requests": ref["count"], "loadgen_failed": lg["failed"],
            "count_ratio": lg["count"] / ref["count"] if ref["count"] else None,
-           "loadgen_cpu_ms_per_request": 1000 * lg["cpu_s"] / lg["cpu_requests"] if lg["cpu_requests"] else None,
-           "reference_cpu_ms_per_request": 1000 * ref["cpu_s"] / ref["cpu_requests"] if ref["cpu_requests"] else None}
+           "loadgen_cpu_ms_per_request": per_request_ms(lg["cpu_s"], lg["cpu_requests"]),
+           "reference_cpu_ms_per_request": per_request_ms(ref["cpu_s"], ref["cpu_requests"]),
+           "loadgen_load_cpu_ms_per_request": per_request_ms(lg["load_cpu_s"], lg["load_requests"]),
+           "reference_load_cpu_ms_per_request": per_request_ms(ref["load_cpu_s"], ref["load_requests"])}
     schedule = {"ttft": TTFT_MS, "itl": ITL_MS, "tpot": ITL_MS}
-    ok = row["count_ratio"] is not None and abs(row["count_ratio"] - 1) <= TARGET_COUNT and not lg["failed"]
+    counts_ok = row["count_ratio"] is not None and abs(row["count_ratio"] - 1) <= TARGET_COUNT and not lg["failed"]
+    ok = symmetric = counts_ok
     for metric in ("ttft", "itl", "tpot"):
         for p in (50, 99):
             mine, theirs = pct_ms(lg[metric], p), pct_ms(ref[metric], p)
@@ -139,8 +171,15 @@ def compare(lg: dict, ref: dict, scheduled: bool) -> dict:
             diff = mine - theirs if mine is not None and theirs is not None else None
             row[f"{metric}_p{p}_minus_reference_ms"] = diff
             limit = TARGET_P50_MS if p == 50 else TARGET_P99_MS
-            ok = ok and diff is not None and abs(diff) <= limit
+            symmetric = symmetric and diff is not None and abs(diff) <= limit
+            if diff is None:
+                ok = False
+            elif scheduled:
+                ok = ok and diff <= limit and mine >= schedule[metric] - limit
+            else:
+                ok = ok and abs(diff) <= limit
     row["meets_targets"] = ok
+    row["meets_symmetric_targets"] = symmetric
     return row
 
 
@@ -169,6 +208,32 @@ def row_run_time(run_time_s: float, users: int, min_requests: int) -> float:
     return max(run_time_s, float(math.ceil(min_requests / users * per_request_s)) + 1)
 
 
+def run_client(client: str, url: str, users: int, seconds: float, work: Path, tokens: int, dataset: Path,
+               extra: list[str]) -> tuple[list[dict], int, object]:
+    """One run of one client: its finished requests (one form for both), failures and CPU."""
+    if client == "reference":
+        results, cpu = run_reference(url, users, seconds, work, extra)
+        return reference_rows(results), 0, cpu
+    # the reference's very prompt (llmserve's prefix cache then serves both alike)
+    report, cpu = run_loadgen(url, users, seconds, work, tokens, ["--dataset", str(dataset), *extra])
+    rows, failed = loadgen_rows(report)
+    return rows, failed, cpu
+
+
+def run_together(url: str, users: int, seconds: float, work: Path, tokens: int, dataset: Path,
+                 extra: list[str]) -> dict[str, dict]:
+    """Both clients at once against one server, each judged on the requests that started and ended
+    within the same `seconds` while both ran: from the later of the two first requests on. Each runs
+    TOGETHER_MARGIN_S longer than that, so the other's slower start-up still leaves a full window."""
+    length = seconds + TOGETHER_MARGIN_S
+    with ThreadPoolExecutor(2) as pool_:
+        futures = {client: pool_.submit(run_client, client, url, users, length, work, tokens, dataset, extra)
+                   for client in ("reference", "loadgen")}
+        runs = {client: future.result() for client, future in futures.items()}
+    start = max(window_of(rows, seconds)[0] for rows, _, _ in runs.values())
+    return {client: samples(rows, failed, cpu, (start, start + seconds)) for client, (rows, failed, cpu) in runs.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="stdlib and nginx at 1 and 20 users, 4 s runs")
@@ -190,7 +255,7 @@ def main() -> int:
     min_requests = 10 if args.quick else args.min_requests
     rows, load_before = [], os.getloadavg()
     print("server       users  lg/ref n      TTFT p50 -sched -ref  p99 -ref | ITL p50 -sched -ref  p99 -ref | "
-          "TPOT p50 -ref  p99 -ref | CPU ms/req lg ref | drift lg ref", flush=True)
+          "TPOT p50 -ref  p99 -ref | CPU ms/req lg ref | in load lg ref | drift lg ref", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         dataset = Path(tmp) / "reference-prompt.json"
         dataset.write_text(json.dumps([{"conversations": [{"from": "human", "value": REFERENCE_PROMPT},
@@ -200,35 +265,38 @@ def main() -> int:
             try:
                 for i, (users, procs) in enumerate(levels):
                     work = Path(tmp) / f"{kind}-{users}x{procs}"
-                    work.mkdir(parents=True)
+                    work.mkdir(parents=True, exist_ok=True)
                     extra = ["--processes", str(procs)] if procs > 1 else []
                     seconds = row_run_time(run_time_s, users, min_requests)
                     parts: dict[str, list] = {"reference": [], "loadgen": []}
                     tokens = LLMSERVE_TOKENS if kind == "llmserve" else NUM_TOKENS
+                    os.environ["LOADGEN_REFERENCE_TOKENS"] = str(tokens)
                     server_ttft: dict[str, list] = {"reference": [], "loadgen": []}
                     for n in range(args.rounds):
+                        if kind == "llmserve":  # no schedule: both at once, on the same server, half the users each
+                            parts_now = run_together(server.url, max(1, users // 2), seconds, work, tokens, dataset,
+                                                     extra)
+                            for client in parts:
+                                parts[client].append(parts_now[client])
+                            time.sleep(1.0)
+                            continue
                         order = ("reference", "loadgen") if (i + n) % 2 == 0 else ("loadgen", "reference")
                         for client in order:
-                            seen = len(server.stats()["server_ttft_s"]) if kind != "llmserve" else 0
-                            if client == "reference":
-                                os.environ["LOADGEN_REFERENCE_TOKENS"] = str(tokens)
-                                parts[client].append(reference_samples(
-                                    run_reference(server.url, users, seconds, work, extra), seconds))
-                            else:  # the reference's very prompt (llmserve's prefix cache then serves both alike)
-                                parts[client].append(loadgen_samples(run_loadgen(
-                                    server.url, users, seconds, work, tokens, ["--dataset", str(dataset), *extra]),
-                                    seconds))
+                            seen = len(server.stats()["server_ttft_s"])
+                            rows_, failed, cpu = run_client(client, server.url, users, seconds + RUN_MARGIN_S,
+                                                            work, tokens, dataset, extra)
+                            parts[client].append(samples(rows_, failed, cpu, window_of(rows_, seconds)))
                             time.sleep(1.0)  # the server's last streams end before the next run starts
-                            if kind != "llmserve":  # the server's own TTFT over this client's streams
-                                server_ttft[client] += server.stats()["server_ttft_s"][seen:]
-                    samples = {client: pool(p) for client, p in parts.items()}
+                            server_ttft[client] += server.stats()["server_ttft_s"][seen:]  # its own TTFT
+                    pooled = {client: pool(p) for client, p in parts.items()}
                     row = {"server": server.kind, "users": users, "processes": procs, "run_time_s": seconds,
-                           "rounds": args.rounds,
-                           **compare(samples["loadgen"], samples["reference"], kind != "llmserve")}
+                           "rounds": args.rounds, "together": kind == "llmserve",
+                           "users_per_client": max(1, users // 2) if kind == "llmserve" else users,
+                           **compare(pooled["loadgen"], pooled["reference"], kind != "llmserve")}
                     for client, values in server_ttft.items():  # client drift: client TTFT minus the server's
                         if not values:
                             continue
-                        mine = pct_ms(samples[client]["ttft"], 50)
+                        mine = pct_ms(pooled[client]["ttft"], 50)
                         own = pct_ms(values, 50)
                         row[f"server_ttft_p50_ms_{client}"] = own
                         row[f"{client}_drift_p50_ms"] = mine - own if mine is not None and own is not None else None
@@ -240,12 +308,15 @@ def main() -> int:
                           f"{fmt(row['itl_p50_minus_reference_ms'])} {fmt(row['itl_p99_minus_reference_ms'])} | "
                           f"{fmt(row['tpot_p50_minus_reference_ms'])} {fmt(row['tpot_p99_minus_reference_ms'])} | "
                           f"{fmt(row['loadgen_cpu_ms_per_request'])} {fmt(row['reference_cpu_ms_per_request'])} | "
+                          f"{fmt(row['loadgen_load_cpu_ms_per_request'])} {fmt(row['reference_load_cpu_ms_per_request'])} | "
                           f"{fmt(row.get('loadgen_drift_p50_ms'))} {fmt(row.get('reference_drift_p50_ms'))}"
-                          f"  {'ok' if row['meets_targets'] else 'MISSES'}", flush=True)
+                          f"  {'ok' if row['meets_targets'] else 'MISSES'}"
+                          f" (symmetric {'ok' if row['meets_symmetric_targets'] else 'misses'})", flush=True)
             finally:
                 server.stop()
     print(json.dumps({"all_meet_targets": all(r["meets_targets"] for r in rows),
                       "num_rows_meeting_targets": sum(r["meets_targets"] for r in rows), "num_rows": len(rows),
+                      "num_rows_meeting_symmetric_targets": sum(r["meets_symmetric_targets"] for r in rows),
                       "targets": {"p50_ms": TARGET_P50_MS, "p99_ms": TARGET_P99_MS, "count_ratio": TARGET_COUNT},
                       "schedule": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS, "tokens": NUM_TOKENS},
                       "run_time_s": run_time_s, "min_requests": min_requests, "rounds": args.rounds,

@@ -38,11 +38,12 @@ class Stats:
     min_gap_s: list[float] = field(default_factory=list)
     sends_unix: dict[str, list[float]] = field(default_factory=dict)  # x-request-id: each token's write, wall clock
     lock: threading.Lock = field(default_factory=threading.Lock)
+    keep_sends: bool = True  # off (--no-sends): requests with an id cost the server what those without do
 
     def finished(self, ttft_s: float, e2e_s: float, min_gap_s: float | None, request_id: str | None,
                  sends_unix: list[float]) -> None:
         with self.lock:
-            if request_id:
+            if request_id and self.keep_sends:
                 self.sends_unix[request_id] = sends_unix
             self.server_ttft_s.append(ttft_s)
             self.server_e2e_s.append(e2e_s)
@@ -297,9 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft-ms", type=float, default=150.0)
     parser.add_argument("--itl-ms", type=float, default=20.0)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--no-sends", action="store_true",
+                        help="keep no per-token write times by request id (a benchmark's client that sends ids "
+                             "would otherwise cost the server more memory and garbage collection than one that does not)")
     args = parser.parse_args(argv)
     schedule = Schedule(args.ttft_ms / 1000, args.itl_ms / 1000, args.tokens)
-    KINDS[args.kind](schedule, Stats(), args.port)
+    KINDS[args.kind](schedule, Stats(keep_sends=not args.no_sends), args.port)
     return 0
 
 

@@ -31,15 +31,35 @@ class Notes:
     lines: list[str] = field(default_factory=list)
     num_files_read: int = 0
     num_lines_read: int = 0
+    quiet: dict[str, list[str]] = field(default_factory=dict)  # what, paths: files that hold no log, by design
 
     def add(self, message: str) -> None:
         if len(self.lines) < 500:
             self.lines.append(message)
 
+    def add_quiet(self, what: str, path: Path) -> None:
+        """A file that holds no log and is nothing wrong (a plot, an empty log): one summary line for them all."""
+        self.quiet.setdefault(what, []).append(str(path))
+
     def flush(self, stream=None) -> None:
         for line in self.lines:
             print(f"llmtriage: {line}", file=stream or sys.stderr)
         self.lines.clear()
+        if self.quiet:
+            parts = [f"{len(paths)} {what}{'s' if len(paths) > 1 else ''} ({_some(paths)})"
+                     for what, paths in self.quiet.items()]
+            print(f"llmtriage: no log lines in {', '.join(parts)}", file=stream or sys.stderr)
+            self.quiet.clear()
+
+
+def _some(paths: list[str], most: int = 3) -> str:
+    names = ", ".join(paths[:most])
+    return names if len(paths) <= most else f"{names}, +{len(paths) - most} more"
+
+
+# Images, by their magic bytes: loadgen's PNG plots and the like sit beside the logs in a report folder.
+# They are skipped without a note each (a binary file of another kind is still noted).
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
 
 
 STDIN = Path("-")  # "-" on the command line: standard input (a file named "-" is "./-")
@@ -132,6 +152,9 @@ def _sniff(handle, path: Path, notes: Notes) -> str | None:
         head = handle.peek(SNIFF_BYTES)[:SNIFF_BYTES] if hasattr(handle, "peek") else b""
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         notes.add(f"{path}: unreadable compressed data ({exc}); skipped")
+        return None
+    if head.startswith(_IMAGE_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
+        notes.add_quiet("image", path)
         return None
     if head[:1] == b"\x00":
         try:
@@ -245,7 +268,7 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
     if cut:
         notes.add(f"{path}: lines longer than {MAX_LINE_BYTES} characters were cut")
     if lineno == 0 and not truncated:  # (a truncated file is noted as such, not as empty too)
-        notes.add(f"{path}: empty")
+        notes.add_quiet("empty file", path)
 
 
 def _read_utf16(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:

@@ -67,7 +67,7 @@ def test_binary_empty_truncated_gzip_latin1_huge(tmp_path, run_cli):
     assert code == 1 and "Traceback" not in err and "Traceback" not in out
     notes = err.strip().splitlines()
     assert any("core.bin: binary content, skipped" in n for n in notes)
-    assert any("empty.log: empty" in n for n in notes)
+    assert any(n.startswith("llmtriage: no log lines in 1 empty file (") and "empty.log)" in n for n in notes)
     assert any("cut.log.gz: truncated or corrupt" in n for n in notes)
     assert any("latin1.log: not valid UTF-8; undecodable bytes replaced" in n for n in notes)
     assert any("huge.log: lines longer than" in n for n in notes)
@@ -105,7 +105,7 @@ def test_only_unreadable_input_exits_2(tmp_path, run_cli):
     code, out, err = run_cli("diagnose", tmp_path, "--format", "json")
     assert code == 2 and out == "" and err.strip().splitlines()[-1] == "llmtriage: nothing readable in the given paths"
     assert f"{tmp_path / 'cut.log.gz'}: truncated or corrupt after line 0" in err  # truncated, not also empty
-    assert f"{tmp_path / 'cut.log.gz'}: empty" not in err and f"{tmp_path / 'empty.log'}: empty" in err
+    assert f"llmtriage: no log lines in 1 empty file ({tmp_path / 'empty.log'})\n" in err  # truncated, not also empty
 
 
 @settings(max_examples=60, deadline=None)
@@ -120,3 +120,22 @@ def test_fuzz_reader_on_random_bytes(tmp_path_factory, data):
 
 def test_deeply_nested_json_line_is_skipped():
     assert FileParser("x.log").parse(1, '{"a":' + "[" * 100_000) == []
+
+
+def test_images_and_empty_files_make_one_quiet_line(tmp_path, run_cli):
+    """loadgen's plots beside the logs and an empty client log are no log and nothing wrong: one line names
+    them all; a binary file of another kind keeps its own note."""
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01"
+    for name in ("loadgen_latency.png", "loadgen_throughput.png", "loadgen_concurrency.png", "loadgen_ttft.png"):
+        (tmp_path / name).write_bytes(png)
+    (tmp_path / "photo.jpg").write_bytes(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00")
+    (tmp_path / "client.log").write_bytes(b"")
+    (tmp_path / "core.bin").write_bytes(b"\x7fELF\x00\x01\x02" * 100)
+    (tmp_path / "engine.log").write_text(TIMEOUT_LINE + "\n")
+    code, out, err = run_cli("diagnose", tmp_path)
+    assert code == 1
+    assert err.splitlines() == [
+        f"llmtriage: {tmp_path / 'core.bin'}: binary content, skipped",
+        f"llmtriage: no log lines in 1 empty file ({tmp_path / 'client.log'}), 5 images ("
+        f"{tmp_path / 'loadgen_concurrency.png'}, {tmp_path / 'loadgen_latency.png'}, "
+        f"{tmp_path / 'loadgen_throughput.png'}, +2 more)"]

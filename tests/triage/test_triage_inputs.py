@@ -43,7 +43,8 @@ def test_leading_nuls_in_gzip_and_nuls_alone(tmp_path):
     assert list(read_lines(hole, notes)) == []
     assert [n.split(": ", 1)[1] for n in notes.lines] == [
         "started with 5000 NUL bytes (a file truncated while written, as logrotate's copytruncate leaves it); "
-        "skipped them", "empty"]
+        "skipped them"]
+    assert notes.quiet == {"empty file": [str(hole)]}
 
 
 def test_nul_then_binary_is_still_binary(tmp_path):

@@ -438,6 +438,8 @@ class FileParser:
             ev = client.parse_loadgen_json(obj, line, self.file, lineno)
         if ev is None and "response_code" in obj:
             ev = gateways.parse_envoy_json(obj, self.file, lineno, line)
+        if ev is None and "status" in obj:
+            ev = gateways.parse_nginx_json(obj, self.file, lineno, line)
         if ev is not None:
             if ev.source == "loadgen" and ev.fields.get("error"):
                 return [ev, *self._client_error_events(ev, lineno, line)]

@@ -41,6 +41,7 @@ _CUT_OF_STATUS = {499: "client", 460: "client", 504: "timeout", 502: "upstream_f
 MAKES = (
     ("http.access", "nginx-access", ('] "',), ()),
     ("http.access", "envoy", ('] "', '"response_code"'), ()),  # text and JSON access logs
+    ("http.access", "nginx-access", ('"request_time"', '"upstream_response_time"'), ()),
     ("http.access", "haproxy", ("haproxy[",), ()),
     ("http.access", "alb", (), (r"^(?:https?|h2|grpcs?|wss?) ",)),
     ("http.access", "uvicorn", ("INFO:",), ()),
@@ -213,6 +214,42 @@ def parse_envoy_json(obj: dict, file: str, lineno: int, line: str) -> Event | No
               else None, "cut": _envoy_cut(flags, status)}
     ts = obj.get("start_time")
     return _access(fields, "envoy", parse_iso(ts) if isinstance(ts, str) else None, file, lineno, line)
+
+
+def parse_nginx_json(obj: dict, file: str, lineno: int, line: str) -> Event | None:
+    """An nginx JSON access-log line (log_format ... escape=json), its keys the variables' names: status
+    with request_time or upstream_response_time, and request (or request_method and request_uri / uri),
+    remote_addr, upstream_addr, time_iso8601 or time_local, request_id, http_user_agent. None for other JSON."""
+    if "request_time" not in obj and "upstream_response_time" not in obj:
+        return None
+    try:
+        status = int(obj.get("status"))
+    except (TypeError, ValueError):
+        return None
+    if not 100 <= status <= 599:
+        return None
+    request = obj.get("request") or " ".join(
+        str(v) for v in (obj.get("request_method") or obj.get("method"), obj.get("request_uri") or obj.get("uri"))
+        if v)
+    upstream = str(obj.get("upstream_addr") or "").split(",")[-1].strip()
+    raw_bytes = str(obj.get("body_bytes_sent") or obj.get("bytes_sent") or "0")
+    fields = {"client": obj.get("remote_addr"), "request": str(request), "status": status,
+              "bytes": int(raw_bytes) if raw_bytes.isdigit() else 0,
+              "duration_s": _f(str(obj["request_time"])) if obj.get("request_time") not in (None, "", "-") else None,
+              "upstream_s": _f(str(obj["upstream_response_time"]))
+              if obj.get("upstream_response_time") not in (None, "", "-") else None,
+              "upstream_addr": upstream if upstream not in ("", "-") else None,
+              "user_agent": obj.get("http_user_agent")}
+    if obj.get("request_id") not in (None, "", "-"):
+        fields["request_id"] = obj["request_id"]
+    if iso := obj.get("time_iso8601"):
+        ts = parse_iso(str(iso))
+    elif local := obj.get("time_local"):
+        ts = parse_clf(str(local))
+    else:
+        ts = obj.get("time") or obj.get("timestamp") or obj.get("@timestamp")
+        ts = parse_iso(ts) if isinstance(ts, str) else None
+    return _access(fields, "nginx-access", ts, file, lineno, line)
 
 
 def parse_alb(line: str, file: str, lineno: int) -> Event | None:

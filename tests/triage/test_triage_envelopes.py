@@ -1,5 +1,5 @@
 """Lines inside a log collector's envelope read as the lines themselves: docker compose's service prefix
-(plain and coloured), kubectl logs --timestamps, journald, CRLF line ends, gzip and rotated files, and an
+(plain and coloured), kubectl logs --timestamps, journalctl's short, short-precise and short-iso heads, CRLF line ends, gzip and rotated files, and an
 engine's and a gateway's lines in one file. Each breadth fixture gives the same first finding however it
 is wrapped, and a healthy one stays quiet."""
 
@@ -22,6 +22,8 @@ WRAPS = {
     "compose-coloured": lambda line: "\x1b[36mllm-gw-1  |\x1b[0m " + line,
     "kubectl-timestamps": lambda line: "2025-05-09T10:12:03.123456789Z " + line,
     "journald": lambda line: "May 09 10:12:03 gpu-host svc[4127]: " + line,
+    "journald-short-precise": lambda line: "May 09 10:12:03.123456 gpu-host svc[4127]: " + line,
+    "journald-short-iso": lambda line: "2025-05-09T10:12:03+0000 gpu-host svc[4127]: " + line,
     "crlf": lambda line: line + "\r",
 }
 
@@ -80,6 +82,7 @@ def test_rotated_and_gzipped_files_and_one_mixed_file(tmp_path, diagnose_json):
 
 @pytest.mark.parametrize("line", [
     "2024-04-10T09:19:37.911937Z ERROR text_generation_launcher: Shard 0 failed to start",  # TGI's own stamp
+    "2024-04-10T09:19:37.911937Z ERROR shard-manager: text_generation_launcher: Shard complete standard error output:",
     "Mar 12 10:00:00 lb haproxy[812]: 10.0.0.7:51234 [12/Mar/2025:10:00:00.123] fe be/s1 0/0/1/-1/60001 504",
     "Mar 12 10:00:00 host systemd[1]: ollama.service: Failed with result 'oom-kill'.",  # read by split_envelope
     "INFO | not a compose prefix",

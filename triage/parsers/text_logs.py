@@ -27,6 +27,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # and its level, an nginx access line an address): other text keeps the envelope split_envelope reads.
 _COMPOSE = re.compile(r"^[a-z0-9][a-z0-9_.-]*\s+\| ?(?=\S)")  # (compose names are lower case)
 _RFC3339 = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (?=\S)")
+# journalctl's short (syslog), short-precise (fractions) and short-iso heads: "<time> <host> <unit>[pid]: "
+_JOURNAL = re.compile(r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?"
+                      r"(?:Z|[+-]\d\d:?\d\d)) \S+ [\w./@-]+(?:\[\d+\])?: (?=\S)")
 _KNOWN_START = re.compile(r"[{(\[]|\d|time=|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d |[IWEF]\d{4} ")
 
 
@@ -39,17 +42,15 @@ def unwrap(line: str) -> tuple | None:
     if "\x1b" in line[:64]:  # docker compose colours its service names
         line = _ANSI.sub("", line)
     head = line[:1]
-    if head.isdigit():
-        m = _RFC3339.match(line)
-        if m is None or not _KNOWN_START.match(line, m.end()):
-            return None
+    if head.isdigit() and (m := _RFC3339.match(line)) and _KNOWN_START.match(line, m.end()):
         return parse_iso(m.group("ts")), line[m.end():]
+    if (head.isdigit() or head.isupper()) and (m := _JOURNAL.match(line)):
+        if not _KNOWN_START.match(line, m.end()) or "haproxy[" in line[:m.end()]:
+            return None  # (HAProxy's log format is its syslog line: gateways.parse_haproxy reads it whole)
+        ts = m.group("ts")
+        return parse_iso(ts) if head.isdigit() else parse_syslog(ts), line[m.end():]
     if not head.isalnum():
         return None
-    if head.isupper() and (m := _SYSLOG.match(line)):
-        if not _KNOWN_START.match(line, m.start("msg")) or "haproxy[" in line[:m.start("msg")]:
-            return None  # (HAProxy's log format is its syslog line: gateways.parse_haproxy reads it whole)
-        return parse_syslog(m.group("ts")), m.group("msg")
     m = _COMPOSE.match(line)
     return (None, line[m.end():]) if m else None
 

@@ -99,3 +99,17 @@ def test_unwrap_takes_the_envelope_off():
     assert inner.startswith("10.0.0.7 - - [") and ts.year == 2025
     ts, inner = text_logs.unwrap("May 15 14:22:41 rab-wksta kernel: [65717.753784] NVRM: Xid (PCI:0000:08:00): 31")
     assert inner == "[65717.753784] NVRM: Xid (PCI:0000:08:00): 31" and ts is not None
+
+
+@pytest.mark.parametrize("wrap", sorted(WRAPS))
+def test_a_wrapped_traceback_keeps_its_frames(wrap, tmp_path, diagnose_json):
+    """The frames of a traceback name its phase (an OOM under load_weights is at weight loading): they are
+    read inside an envelope and behind PyTorch's per-rank prefix as on their own."""
+    case = BREADTH / "oom-weights/vllm-tp-worker-rank-prefix"
+    lines = (case / "engine.log").read_text().splitlines()
+    assert all(line.startswith("[rank0]: ") for line in lines)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "engine.log").write_text("".join(WRAPS[wrap](line) + "\n" for line in lines))
+    assert _first(diagnose_json, logs) == ("oom-weights", None)
+

@@ -386,7 +386,8 @@ class FileParser:
             return []
         self.line = line
         head = line[0]
-        if (head.isalnum() or head == "\x1b") and (wrapped := text_logs.unwrap(line)) is not None:
+        if (head.isalnum() or head == "\x1b" or line.startswith("[rank")) and (
+                wrapped := text_logs.unwrap(line)) is not None:
             return self._unwrapped(lineno, line, *wrapped)
         # The bulk of a large access log, straight to its parser: exactly what _structured would reach
         if (head.isdigit() or head == "[") and self.csv is None and lineno > 3 and (

@@ -7,9 +7,9 @@ import re2
 from triage.timeparse import parse_glog, parse_iso, parse_md_hms, parse_slash, parse_syslog
 
 _VLLM = re.compile(
-    r"^(?:\((?P<proc>[\w.-]+) pid=\d+\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d\d-\d\d) "
+    r"^(?:\((?P<proc>[\w.-]+)(?: rank=\d+)? pid=\d+\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d\d-\d\d) "
     r"(?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./-]+:\d+\]? ?(?P<msg>.*)$")
-_PROC = re.compile(r"^\((?P<proc>[\w.-]+) pid=\d+\) (?P<msg>.*)$")
+_PROC = re.compile(r"^\((?P<proc>[\w.-]+)(?: rank=\d+)? pid=\d+\) (?P<msg>.*)$")  # (0.8-0.10: "VllmWorker rank=0")
 _TGI = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT[\d:.]+Z)\s+(?P<level>INFO|WARN|ERROR|DEBUG|TRACE)\s+(?P<msg>.*)$")
 _SGLANG = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:[^\]]*)\] (?P<msg>.*)$")
 _OLLAMA = re.compile(r'^time=(?P<ts>\S+) level=(?P<level>\w+) source=\S+ msg=(?P<msg>.*)$')
@@ -25,11 +25,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # logs --timestamps' RFC3339 stamp and journald's / syslog's "Mon DD HH:MM:SS host unit[pid]: ". A stamp or
 # a syslog head is taken off only when a line start some parser knows follows it (a TGI line is a stamp
 # and its level, an nginx access line an address): other text keeps the envelope split_envelope reads.
-_COMPOSE = re.compile(r"^[a-z0-9][a-z0-9_.-]*\s+\| ?(?=\S)")  # (compose names are lower case)
+_COMPOSE = re.compile(r"^[a-z0-9][a-z0-9_.-]*\s+\| ?")  # (compose names are lower case)
 _RFC3339 = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (?=\S)")
 # journalctl's short (syslog), short-precise (fractions) and short-iso heads: "<time> <host> <unit>[pid]: "
 _JOURNAL = re.compile(r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?"
                       r"(?:Z|[+-]\d\d:?\d\d)) \S+ [\w./@-]+(?:\[\d+\])?: (?=\S)")
+# PyTorch distributed's per-rank prefix on a worker's output ("[rank0]: Traceback ...", "[rank0]:[W1201 ...")
+_RANK = re.compile(r"^\[rank\d+\]: ?")
 _KNOWN_START = re.compile(r"[{(\[]|\d|time=|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d |[IWEF]\d{4} ")
 
 
@@ -49,6 +51,9 @@ def unwrap(line: str) -> tuple | None:
             return None  # (HAProxy's log format is its syslog line: gateways.parse_haproxy reads it whole)
         ts = m.group("ts")
         return parse_iso(ts) if head.isdigit() else parse_syslog(ts), line[m.end():]
+    if head == "[":
+        m = _RANK.match(line)
+        return (None, line[m.end():]) if m else None
     if not head.isalnum():
         return None
     m = _COMPOSE.match(line)

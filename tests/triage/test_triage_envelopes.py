@@ -113,3 +113,18 @@ def test_a_wrapped_traceback_keeps_its_frames(wrap, tmp_path, diagnose_json):
     (logs / "engine.log").write_text("".join(WRAPS[wrap](line) + "\n" for line in lines))
     assert _first(diagnose_json, logs) == ("oom-weights", None)
 
+
+HEALTHY = sorted(p.parent.name for p in (BREADTH / "healthy").glob("*/expected.json"))
+
+
+@pytest.mark.parametrize("wrap", ["compose", "kubectl-timestamps", "journald-short-iso"])
+@pytest.mark.parametrize("name", HEALTHY)
+def test_a_wrapped_healthy_log_stays_quiet(name, wrap, tmp_path, diagnose_json):
+    case = BREADTH / "healthy" / name
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for src in case.iterdir():
+        if src.name != "expected.json":
+            (logs / src.name).write_text("".join(WRAPS[wrap](line) + "\n" for line in src.read_text().splitlines()))
+    assert _first(diagnose_json, logs) is None
+

@@ -29,7 +29,8 @@ _COMPOSE = re.compile(r"^[a-z0-9][a-z0-9_.-]*\s+\| ?")  # (compose names are low
 _RFC3339 = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (?=\S)")
 # journalctl's short (syslog), short-precise (fractions) and short-iso heads: "<time> <host> <unit>[pid]: "
 _JOURNAL = re.compile(r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?"
-                      r"(?:Z|[+-]\d\d:?\d\d)) \S+ [\w./@-]+(?:\[\d+\])?: (?=\S)")
+                      r"(?:Z|[+-]\d\d:?\d\d)) (?P<host>\S+) (?P<unit>[\w./@-]+)(?P<pid>\[\d+\])?: ")
+_LEVELS = {"TRACE", "DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL"}  # (a TGI line: "<ts> ERROR target: ")
 # PyTorch distributed's per-rank prefix on a worker's output ("[rank0]: Traceback ...", "[rank0]:[W1201 ...")
 _RANK = re.compile(r"^\[rank\d+\]: ?")
 _KNOWN_START = re.compile(r"[{(\[]|\d|time=|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d |[IWEF]\d{4} ")
@@ -47,9 +48,16 @@ def unwrap(line: str) -> tuple | None:
     if head.isdigit() and (m := _RFC3339.match(line)) and _KNOWN_START.match(line, m.end()):
         return parse_iso(m.group("ts")), line[m.end():]
     if (head.isdigit() or head.isupper()) and (m := _JOURNAL.match(line)):
-        if not _KNOWN_START.match(line, m.end()) or "haproxy[" in line[:m.end()]:
-            return None  # (HAProxy's log format is its syslog line: gateways.parse_haproxy reads it whole)
         ts = m.group("ts")
+        if "haproxy[" in line[:m.end()]:
+            return None  # (HAProxy's log format is its syslog line: gateways.parse_haproxy reads it whole)
+        # other text keeps the envelope where split_envelope reads it (the plain syslog head), and a TGI
+        # line its level; the short-iso and short-precise heads of a unit with its pid (or the kernel's)
+        # are taken off whatever follows them
+        if not _KNOWN_START.match(line, m.end()) and (
+                (head.isupper() and "." not in ts) or m.group("host") in _LEVELS
+                or not (m.group("pid") or m.group("unit") == "kernel")):
+            return None
         return parse_iso(ts) if head.isdigit() else parse_syslog(ts), line[m.end():]
     if head == "[":
         m = _RANK.match(line)

@@ -67,10 +67,14 @@ REFERENCE_PROMPT = "tell me a story"  # bench/reference/plain_locustfile.py's
 SERVERS = ("stdlib", "aiohttp", "starlette", "nginx", "llmserve")
 
 
-def start_llmserve() -> Server:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def start_llmserve() -> Server:
+    port = free_port()
     argv = [str(Path(sys.executable).parent / "llmserve"), "--host", "127.0.0.1", "--port", str(port),
             "--served-model-name", "sched-model", "--max-num-seqs", "128", "--torch-threads", "1"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -227,8 +231,16 @@ def run_together(url: str, users: int, seconds: float, work: Path, tokens: int, 
     TOGETHER_MARGIN_S longer than that, so the other's slower start-up still leaves a full window."""
     length = seconds + TOGETHER_MARGIN_S
     with ThreadPoolExecutor(2) as pool_:
-        futures = {client: pool_.submit(run_client, client, url, users, length, work, tokens, dataset, extra)
-                   for client in ("reference", "loadgen")}
+        futures = {}
+        for client in ("reference", "loadgen"):
+            # two runs with --processes at once: each master on a port of its own (Locust's default
+            # 5557 would be taken by the first), its workers told the same port
+            ports = []
+            if "--processes" in extra:
+                port = str(free_port())
+                ports = ["--master-bind-port", port, "--master-port", port]
+            futures[client] = pool_.submit(run_client, client, url, users, length, work, tokens, dataset,
+                                           [*extra, *ports])
         runs = {client: future.result() for client, future in futures.items()}
     start = max(window_of(rows, seconds)[0] for rows, _, _ in runs.values())
     return {client: samples(rows, failed, cpu, (start, start + seconds)) for client, (rows, failed, cpu) in runs.items()}

@@ -386,13 +386,15 @@ class FileParser:
             return []
         self.line = line
         head = line[0]
-        if (head.isalnum() or head == "\x1b" or line.startswith("[rank")) and (
-                wrapped := text_logs.unwrap(line)) is not None:
-            return self._unwrapped(lineno, line, *wrapped)
-        # The bulk of a large access log, straight to its parser: exactly what _structured would reach
+        # The bulk of a large access log, straight to its parser: exactly what _structured would reach (a
+        # line in a collector's envelope never matches: its stamp or head is no address followed by two fields
+        # and a bracket)
         if (head.isdigit() or head == "[") and self.csv is None and lineno > 3 and (
                 m := gateways.NGINX_UPSTREAMINFO.match(line)):
             return [gateways.upstreaminfo_access(m, self.file, lineno, line)]
+        if (head.isalnum() or head == "\x1b" or line.startswith("[rank")) and (
+                wrapped := text_logs.unwrap(line)) is not None:
+            return self._unwrapped(lineno, line, *wrapped)
         if head == "{":
             events = self._json(lineno, line)
             if events is not None:

@@ -35,7 +35,6 @@ import csv
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from fidelity_harness import (  # noqa: E402
     Server,
+    free_port,
     run_loadgen,
     run_reference,
     start_behind_nginx,
@@ -65,12 +65,6 @@ LLMSERVE_TOKENS = 8  # the built-in model on CPU: 32 tokens for 100 users outlas
 TARGET_P50_MS, TARGET_P99_MS, TARGET_COUNT = 2.0, 20.0, 0.05
 REFERENCE_PROMPT = "tell me a story"  # bench/reference/plain_locustfile.py's
 SERVERS = ("stdlib", "aiohttp", "starlette", "nginx", "llmserve")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_llmserve() -> Server:

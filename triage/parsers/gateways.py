@@ -235,9 +235,8 @@ def parse_nginx_json(obj: dict, file: str, lineno: int, line: str) -> Event | No
     raw_bytes = str(obj.get("body_bytes_sent") or obj.get("bytes_sent") or "0")
     fields = {"client": obj.get("remote_addr"), "request": str(request), "status": status,
               "bytes": int(raw_bytes) if raw_bytes.isdigit() else 0,
-              "duration_s": _f(str(obj["request_time"])) if obj.get("request_time") not in (None, "", "-") else None,
-              "upstream_s": _f(str(obj["upstream_response_time"]))
-              if obj.get("upstream_response_time") not in (None, "", "-") else None,
+              # (_f reads a number or a string; "-", "" and a missing key come out None)
+              "duration_s": _f(str(obj.get("request_time"))), "upstream_s": _f(str(obj.get("upstream_response_time"))),
               "upstream_addr": upstream if upstream not in ("", "-") else None,
               "user_agent": obj.get("http_user_agent")}
     if obj.get("request_id") not in (None, "", "-"):

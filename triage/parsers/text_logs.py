@@ -117,17 +117,21 @@ _PHASES = (
     # the engine never finished starting (TGI's launcher, vLLM V1's engine core): an OOM just before it
     # happened at start-up
     ("phase.start_failed", ("failed to start", "ShardCannotStart", "Engine core initialization failed")),
-    ("phase.weights_loaded", ("Model loading took", "weights took", "model weights loaded", "successfully loaded '")),
+    ("phase.weights_loaded", ("Model loading took", "weights took", "model weights loaded", "successfully loaded '",
+                              "Load weight end")),  # (SGLang: "Load weight end. type=...")
     ("phase.kv_setup", ("Available KV cache memory", "GPU KV cache size", "# GPU blocks", "# cuda blocks",
                         "Maximum concurrency for", "Warming up model", "Capturing CUDA graph",
                         "llama_kv_cache", "KV self size", "Memory profiling takes",
-                        "llama_context: constructing llama_context", "llama_new_context_with_model: n_ctx")),
+                        "llama_context: constructing llama_context", "llama_new_context_with_model: n_ctx",
+                        "KV Cache is allocated", "Capture cuda graph begin")),  # (the last two: SGLang)
     ("phase.serving", ("Application startup complete", "Uvicorn running on", "server is listening on",
                        "llama runner started", "Server started", "Started GRPCInferenceService",
-                       "Started HTTPService")),
+                       "Started HTTPService", "fired up and ready to roll",
+                       "main: listening on")),  # (llama-server 2026: "srv          main: listening on http://...")
     # Triton's "failed to load 'm' version 1: <error>" names the load phase in the failing line itself
     ("phase.weights_loading", ("Starting to load model", "Loading safetensors checkpoint", "Loading weights",
-                               "llm_load_tensors", "load_tensors:", "Loading model weights", "failed to load '")),
+                               "llm_load_tensors", "load_tensors:", "Loading model weights", "failed to load '",
+                               "Load weight begin")),
 )
 # "Received request <id>: prompt: '<prompt>', params": the prompt runs to the first closing quote before
 # ", params" (found by str.find, not by a lazy regex that tries every character of a long prompt)

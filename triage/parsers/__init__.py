@@ -443,6 +443,8 @@ class FileParser:
             ev = gateways.parse_envoy_json(obj, self.file, lineno, line)
         if ev is None and "status" in obj:
             ev = gateways.parse_nginx_json(obj, self.file, lineno, line)
+        if ev is None and "EdgeResponseStatus" in obj:
+            ev = gateways.parse_cloudflare_json(obj, self.file, lineno, line)
         if ev is not None:
             if ev.source == "loadgen" and ev.fields.get("error"):
                 return [ev, *self._client_error_events(ev, lineno, line)]

@@ -1,6 +1,7 @@
-"""Gateway logs: nginx access and error, HAProxy, Envoy, AWS ALB and uvicorn access lines."""
+"""Gateway logs: nginx access and error, HAProxy, Envoy, AWS ALB, Cloudflare and uvicorn access lines."""
 
 import re
+from datetime import UTC, datetime
 
 from triage.model import Event
 from triage.timeparse import parse_clf, parse_iso, parse_slash
@@ -42,6 +43,7 @@ MAKES = (
     ("http.access", "nginx-access", ('] "',), ()),
     ("http.access", "envoy", ('] "', '"response_code"'), ()),  # text and JSON access logs
     ("http.access", "nginx-access", ('"request_time"', '"upstream_response_time"'), ()),
+    ("http.access", "cloudflare", ('"EdgeResponseStatus"',), ()),
     ("http.access", "haproxy", ("haproxy[",), ()),
     ("http.access", "alb", (), (r"^(?:https?|h2|grpcs?|wss?) ",)),
     ("http.access", "uvicorn", ("INFO:",), ()),
@@ -249,6 +251,70 @@ def parse_nginx_json(obj: dict, file: str, lineno: int, line: str) -> Event | No
         ts = obj.get("time") or obj.get("timestamp") or obj.get("@timestamp")
         ts = parse_iso(ts) if isinstance(ts, str) else None
     return _access(fields, "nginx-access", ts, file, lineno, line)
+
+
+# Cloudflare's own statuses for what happened at the origin: 524 the origin accepted the connection but sent no
+# response within the proxy read timeout (100 s on most plans); 520 an empty or unknown response (the connection
+# reset or closed); 521 the origin refused the connection; 522 the TCP connection timed out; 523 no route to it
+_CLOUDFLARE_CUT = {524: "timeout", 504: "timeout", 499: "client", 520: "upstream_failed", 521: "upstream_failed",
+                   522: "upstream_failed", 523: "upstream_failed", 502: "upstream_failed"}
+
+
+def _epoch(value) -> datetime | None:
+    """A Logpush timestamp: unixnano (the default), unix seconds (timestamps=unix) or RFC3339."""
+    if isinstance(value, str) and not value.isdigit():
+        return parse_iso(value)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    for scale in (1e9, 1e6, 1e3, 1.0):  # nanoseconds, microseconds, milliseconds, seconds
+        if number >= 1e9 * scale or scale == 1.0:
+            try:
+                return datetime.fromtimestamp(number / scale, UTC).replace(tzinfo=None)
+            except (OverflowError, OSError, ValueError):
+                return None
+    return None
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or value in (None, ""):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_cloudflare_json(obj: dict, file: str, lineno: int, line: str) -> Event | None:
+    """A Cloudflare HTTP request record (Logpush or Logpull, dataset http_requests) under its field names:
+    EdgeResponseStatus (what the client got), OriginResponseStatus (0: the origin sent nothing),
+    EdgeStartTimestamp / EdgeEndTimestamp, OriginResponseDurationMs (or the older OriginResponseTime, in
+    nanoseconds), ClientIP, ClientRequestMethod, ClientRequestURI or ClientRequestPath, OriginIP, RayID,
+    ClientRequestUserAgent, EdgeResponseBytes. None for other JSON."""
+    status = _number(obj.get("EdgeResponseStatus"))
+    if status is None or not 100 <= status <= 599:
+        return None
+    status = int(status)
+    start, end = _epoch(obj.get("EdgeStartTimestamp")), _epoch(obj.get("EdgeEndTimestamp"))
+    origin_ms = _number(obj.get("OriginResponseDurationMs"))
+    if origin_ms is None and (origin_ns := _number(obj.get("OriginResponseTime"))) is not None:
+        origin_ms = origin_ns / 1e6
+    duration = (end - start).total_seconds() if start and end and end >= start else None
+    if duration is None and origin_ms is not None:
+        duration = origin_ms / 1000
+    method = obj.get("ClientRequestMethod") or ""
+    path = obj.get("ClientRequestURI") or obj.get("ClientRequestPath") or ""
+    origin_status = _number(obj.get("OriginResponseStatus"))
+    fields = {"client": obj.get("ClientIP"), "request": f"{method} {path} {obj.get('ClientRequestProtocol') or ''}".strip(),
+              "status": status, "bytes": int(_number(obj.get("EdgeResponseBytes")) or 0), "duration_s": duration,
+              "upstream_s": origin_ms / 1000 if origin_ms is not None else None,
+              "upstream_addr": obj.get("OriginIP") or None, "user_agent": obj.get("ClientRequestUserAgent"),
+              "upstream_status": str(int(origin_status)) if origin_status is not None else None,
+              "cut": _CLOUDFLARE_CUT.get(status)}
+    if obj.get("RayID"):
+        fields["request_id"] = obj["RayID"]
+    return _access(fields, "cloudflare", start, file, lineno, line)
 
 
 def parse_alb(line: str, file: str, lineno: int) -> Event | None:

@@ -19,6 +19,10 @@ STEPS_TIMEOUT = [
     "shorten TTFT: queueing before the first token is the usual long gap (see queue-backlog)",
     "grep 'upstream timed out' /var/log/nginx/error.log | wc -l",
 ]
+STEP_CLOUDFLARE = (
+    "behind Cloudflare: the origin must send its response headers within Cloudflare's proxy read timeout (100 s; "
+    "only Enterprise plans raise it): stream (stream=true) so the headers go out at once, or send long jobs "
+    "through a hostname Cloudflare does not proxy")
 STEPS_CLIENT = [
     "check the client's own timeout (openai timeout=, httpx.Timeout(read=...)) against the longest answers",
     "count 499s: awk '$9 == 499' access.log | wc -l, and their $request_time spread",
@@ -76,11 +80,17 @@ def timeout_finding(rule) -> Finding:
     at = _timeout_time(rule)
     if at is not None:
         detail += f" {at[1]} requests lasted {at[0]:.1f} s at the gateway: the configured timeout."
+    steps = STEPS_TIMEOUT
+    if any(s.startswith("cloudflare") for s in t.signature_ids) or any(
+            g.signal == "cloudflare.timeout" for g in t.evidence.groups.values()):
+        detail += (" Cloudflare answers 524 when the origin has sent no response within its proxy read "
+                   "timeout (100 s).")
+        steps = [STEP_CLOUDFLARE, *STEPS_TIMEOUT]
     return t.finding(
         "Streams cut by a gateway timeout",
         "The gateway gave up on the upstream after its read timeout (nginx proxy_read_timeout, 60 s by "
         "default) passed with no byte from the engine: a 504 before the headers, or a 200 cut short "
-        "mid-stream." + detail, STEPS_TIMEOUT, confidence)
+        "mid-stream." + detail, steps, confidence)
 
 
 def client_finding(rule, facts) -> Finding | None:

@@ -48,6 +48,8 @@ def _vllm(rng, i, t):
         prompt = f"{when}You are a support assistant. Question {i % 7}: where is my order?"
         if i == 2501:
             prompt = "Loading weights of my thoughts"  # a phase word in a prompt: read line by line
+        if i == 5997:  # a stats line's words in a prompt: the per-line reading's own way
+            prompt = "Why is #running-req: 3 below Avg prompt throughput: 9?"
         return (f"{head} Received request chatcmpl-{i:08x}: prompt: '{prompt}', params: SamplingParams(n=1, "
                 f"temperature=0.7), prompt_token_ids: None, lora_request: None.")
     if i % 3 == 1:
@@ -213,3 +215,30 @@ def test_blocks_without_runs_are_read_line_by_line_for_a_while(tmp_path, monkeyp
     assert in_bulk == by_line
     assert facts_in_bulk == facts_by_line
     assert 0 < num_bulk < num_never_skipped  # some access lines read one by one, the later ones in bulk
+
+
+def test_stop_words_found_alike_with_and_without_hyperscan(monkeypatch):
+    """bulk.Words finds a word in raw[start:end] by Hyperscan where it is installed, by RE2 otherwise:
+    the same answer for words at the edges of the range, just outside it, and for no word at all."""
+    words = ["Loading weights", "#running-req", "haproxy[", "\x1b"]
+    text = b"xx Loading weights yy #running-req zz haproxy[ \x1b end"
+    ranges = [(0, len(text)), (3, 18), (4, 18), (3, 17), (19, 34), (23, 35), (37, 46), (47, 48), (46, 47), (0, 0), (48, 55)]
+    with_hs = bulk.Words(words)
+    with_hs.search(text, 0, 0)  # (compiled at the first search)
+    monkeypatch.setattr(bulk, "hyperscan", None)
+    without = bulk.Words(words)
+    found = [[w.search(text, a, b) for a, b in ranges] for w in (with_hs, without)]
+    assert with_hs.db is not None and without.re is not None and without.db is None
+    expected = [any(w.encode() in text[a:b] for w in words) for a, b in ranges]
+    assert found[0] == found[1] == expected and expected.count(True) == 5
+    assert not bulk.Words([]).search(text, 0, len(text)) and bulk.Words(["", "q"]).search(text, 0, 1)
+
+
+def test_bulk_reading_without_hyperscan_gives_the_line_by_line_diagnosis(tmp_path, monkeypatch):
+    """Without Hyperscan (RE2 finds the stop words) the diagnosis is the same."""
+    _write(tmp_path, "vllm")
+    by_line = _run(tmp_path, monkeypatch, False)
+    monkeypatch.setattr(bulk, "hyperscan", None)
+    in_bulk = _run(tmp_path, monkeypatch, True)
+    assert in_bulk[:2] == by_line[:2] and in_bulk[2] > 0
+

@@ -117,11 +117,9 @@ class Wanted:
         self.finished_literal = self.bulk_finished and '"request.finished"' in literals
         # a run with one of these anywhere is read line by line: catalog keywords, phase words, and what
         # makes the per-line reading take a routine-looking line for something else
-        self.bulk_stop = re2.compile("|".join([*(re.escape(w) for w in (*catalog_words, *text_logs.PHASE_WORDS)),
-                                                *bulk.stop_words()]).encode(), options)
+        self.bulk_stop = bulk.Words([*catalog_words, *text_logs.PHASE_WORDS, *bulk.stop_words()])
         # logged prompts alone: their reading looks for phase words, never for catalog keywords
-        self.bulk_stop_prompts = re2.compile("|".join([*map(re.escape, text_logs.PHASE_WORDS),
-                                                       *bulk.stop_words(prompts=True)]).encode(), options)
+        self.bulk_stop_prompts = bulk.Words([*text_logs.PHASE_WORDS, *bulk.stop_words(prompts=True)])
 
     def takes(self, kind: str, source: str | None) -> bool:
         """Whether any rule reads events of kind from source (None: some source)."""
@@ -259,6 +257,8 @@ class FileParser:
             scanned = bulk.SCANNED.intersection(run.found)
             if scanned and (stop if scanned - {"received"} else stop_prompts)(raw, start, end):
                 continue  # a line of it may be read otherwise: line by line
+            if "received" in scanned and scanned != {"received"} and run.text.has("#running-req"):
+                continue  # (a prompt the per-line reading takes for a stats line: not among those stop words)
             if gap < start:
                 out.extend(self.candidates(gap_line, block[gap:start]))
             out.extend(totals)

@@ -114,7 +114,7 @@ def rank(findings: list[Finding]) -> list[Finding]:
 def _read_file(path, notes: Notes, dispatcher: Dispatcher) -> None:
     parser = FileParser(str(path), dispatcher.wanted)
     parse, feed, pieces, takes = parser.parse, dispatcher.feed, parser.pieces, dispatcher.wanted.takes
-    for first, block in read_blocks(path, notes):
+    for first, block in read_blocks(path, notes, parser.lines_in):
         for piece in pieces(first, block):
             if type(piece) is not tuple:  # the totals of a run of routine lines
                 feed(piece)

@@ -184,10 +184,12 @@ def read_lines(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
         yield from enumerate(lines, first + 1)
 
 
-def read_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
+def read_blocks(path: Path, notes: Notes, lines_in=None) -> Iterator[tuple[int, str]]:
     """(number of lines before the block, block): runs of whole lines, each ending in "\n" (a "\r\n" or
     lone "\r" ending becomes "\n"), about BLOCK_BYTES at a time; never raises for bad content. Blocks are
-    not split into lines here: the parsers find the few lines they read in a block by one scan."""
+    not split into lines here: the parsers find the few lines they read in a block by one scan. lines_in:
+    the number of lines of a block just handed (a reader that has counted them as it read says so), by
+    default counted here."""
     handle = _open_binary(path, notes)
     if handle is None:
         return
@@ -200,7 +202,11 @@ def read_blocks(path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
             for lineno, line in _read_utf16(handle, path, notes):
                 yield lineno - 1, line + "\n"
             return
-        yield from _read_utf8(handle, path, notes)
+        yield from _read_utf8(handle, path, notes, lines_in or _count_lines)
+
+
+def _count_lines(block: str) -> int:
+    return block.count("\n")
 
 
 def _whole_lines(buf: str, final: bool) -> tuple[str, str]:
@@ -221,7 +227,7 @@ def _cut_long_lines(block: str) -> tuple[str, bool]:
     return "\n".join(line[:MAX_LINE_BYTES] for line in lines), True
 
 
-def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
+def _read_utf8(handle, path: Path, notes: Notes, lines_in) -> Iterator[tuple[int, str]]:
     """Binary blocks decoded incrementally; undecodable bytes become U+FFFD and are noted once."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     lineno = 0
@@ -234,7 +240,7 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
             block, _ = _whole_lines(carry, False)
             if block:
                 yield lineno, block
-                lineno += block.count("\n")
+                lineno += lines_in(block)
             notes.add(f"{path}: truncated or corrupt after line {lineno} ({exc or 'unexpected end'})")
             truncated = True
             break
@@ -259,7 +265,7 @@ def _read_utf8(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:
             if "\ufffd" in block:
                 bad_encoding = True
             yield lineno, block
-            lineno += block.count("\n")
+            lineno += lines_in(block)
         if final:
             break
     notes.num_lines_read += lineno

@@ -242,3 +242,23 @@ def test_bulk_reading_without_hyperscan_gives_the_line_by_line_diagnosis(tmp_pat
     in_bulk = _run(tmp_path, monkeypatch, True)
     assert in_bulk[:2] == by_line[:2] and in_bulk[2] > 0
 
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_each_block_is_counted_once_and_right(tmp_path, monkeypatch, name):
+    """The reader takes a block's number of lines from the parser that counted them as it read the block
+    (FileParser.lines_in): the count newlines give, for every block of every bulk form, and counted
+    there rather than again for most of them."""
+    from triage.parsers import FileParser
+    _write(tmp_path, name)
+    lines_in = FileParser.lines_in
+    seen = []
+
+    def checked(self, block):
+        known = self.counted[0] is block or (self.block is block and self.span[0] > 0 and self.span[1] is not None)
+        seen.append((lines_in(self, block), block.count("\n"), known))
+        return seen[-1][0]
+
+    monkeypatch.setattr(FileParser, "lines_in", checked)
+    _run(tmp_path, monkeypatch, True)
+    assert len(seen) > 2 and all(mine == right for mine, right, _ in seen)
+    assert sum(known for _, _, known in seen) >= len(seen) - 1

@@ -173,6 +173,7 @@ class FileParser:
         self.block = ""
         self.line = ""  # the line parse() is at (its own text, not a message inside it)
         self.forms = list(self.wanted.bulk_forms)  # bulk forms, those this file had first
+        self.counted: tuple[str | None, int] = (None, 0)  # the last block pieces() counted whole, its lines
 
     def candidates(self, first: int, block: str) -> list[tuple[int, str]]:
         """(line number, line) of the block's lines that may hold events, in order: those with a keyword,
@@ -184,6 +185,7 @@ class FileParser:
                 self.dense -= 1
                 lines = block.split("\n")
                 lines.pop()
+                self.span = (first + 1, first + len(lines))  # (the block's lines, counted by the split)
                 return list(enumerate(lines, first + 1))
             found = self._scan(first, block, 0)
             if len(found) >= DENSE * (self._last_line() - first):
@@ -270,8 +272,23 @@ class FileParser:
             return self.candidates(first, block)
         self.num_runless = 0
         if gap < len(block):
+            tail = count(b"\n", gap)
             out.extend(self.candidates(gap_line, block[gap:]))
+        else:
+            tail = 0
+        self.counted = (block, gap_line + tail - first)  # (each line counted once: the reader asks lines_in)
         return out
+
+    def lines_in(self, block: str) -> int:
+        """The number of lines in a block this parser has just read: counted as it was read where it was
+        (the runs, the gaps between them, a scan's split), else now. (Counting a block's newlines costs
+        about a quarter of a millisecond a 256 KB block: once is enough.)"""
+        if self.counted[0] is block:
+            return self.counted[1]
+        first, last = self.span
+        if self.block is block and first > 0 and last is not None:
+            return last - first + 1
+        return block.count("\n")
 
     def _row_event(self, lineno: int, line: str) -> Event | None:
         """The event the per-line reading makes of a routine line (a row of a bulk run, quoted as evidence)."""

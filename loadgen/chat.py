@@ -141,6 +141,7 @@ class ChatUser(HttpUser):
     def on_start(self):
         self.factory: PromptFactory | None = None
         self.state = STATE
+        client.mount_quick_check(self.client)  # a request goes out without waiting on the loop first
 
     def _factory(self) -> PromptFactory:
         if self.factory is None:

@@ -37,14 +37,19 @@ class Stats:
     server_e2e_s: list[float] = field(default_factory=list)  # arrival to the last token's write
     min_gap_s: list[float] = field(default_factory=list)
     sends_unix: dict[str, list[float]] = field(default_factory=dict)  # x-request-id: each token's write, wall clock
+    arrivals_unix: dict[str, float] = field(default_factory=dict)  # x-request-id: when its handler started
+    peers: dict[str, int] = field(default_factory=dict)  # x-request-id: the client's port (one per connection)
     lock: threading.Lock = field(default_factory=threading.Lock)
     keep_sends: bool = True  # off (--no-sends): requests with an id cost the server what those without do
 
     def finished(self, ttft_s: float, e2e_s: float, min_gap_s: float | None, request_id: str | None,
-                 sends_unix: list[float]) -> None:
+                 sends_unix: list[float], arrival_unix: float, peer: int | None) -> None:
         with self.lock:
             if request_id and self.keep_sends:
                 self.sends_unix[request_id] = sends_unix
+                self.arrivals_unix[request_id] = arrival_unix
+                if peer is not None:
+                    self.peers[request_id] = peer
             self.server_ttft_s.append(ttft_s)
             self.server_e2e_s.append(e2e_s)
             if min_gap_s is not None:
@@ -54,7 +59,8 @@ class Stats:
         with self.lock:
             return {"num_requests": self.num_requests, "server_ttft_s": list(self.server_ttft_s),
                     "server_e2e_s": list(self.server_e2e_s), "min_gap_s": list(self.min_gap_s),
-                    "sends_unix": dict(self.sends_unix)}
+                    "sends_unix": dict(self.sends_unix), "arrivals_unix": dict(self.arrivals_unix),
+                    "peers": dict(self.peers)}
 
 
 def _chunk(chat: bool, text: str | None, finish: str | None = None, usage: dict | None = None) -> bytes:
@@ -75,7 +81,8 @@ def _num_words(body: dict) -> int:
     return len(str(body.get("prompt", "")).split())
 
 
-def events(body: dict, chat: bool, schedule: Schedule, arrival: float, stats: Stats, request_id: str | None):
+def events(body: dict, chat: bool, schedule: Schedule, arrival: float, stats: Stats, request_id: str | None,
+           peer: int | None = None):
     """(due time, bytes) of one stream; the caller sleeps until each due time, then sends back the
     perf_counter time it hands the bytes to its write: a client cannot read them sooner (a time taken
     after the write returned could be later than the client's read on a busy machine)."""
@@ -96,7 +103,7 @@ def events(body: dict, chat: bool, schedule: Schedule, arrival: float, stats: St
         due = max(arrival + schedule.ttft_s + (k + 1) * schedule.itl_s, sent + schedule.itl_s)
     usage = {"prompt_tokens": _num_words(body), "completion_tokens": num_tokens,
              "total_tokens": _num_words(body) + num_tokens}
-    stats.finished(first - arrival, last - arrival, min_gap, request_id, sends_unix)
+    stats.finished(first - arrival, last - arrival, min_gap, request_id, sends_unix, perf_to_unix(arrival), peer)
     yield None, _chunk(chat, None, "length") + _chunk(chat, None, usage=usage) + b"data: [DONE]\n\n"
 
 
@@ -176,7 +183,8 @@ def serve_stdlib(schedule: Schedule, stats: Stats, port: int):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
-            drive(events(body, chat, schedule, arrival, stats, self.headers.get("x-request-id")), write, time.sleep)
+            drive(events(body, chat, schedule, arrival, stats, self.headers.get("x-request-id"), self.client_address[1]),
+                  write, time.sleep)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
 
@@ -190,10 +198,10 @@ def serve_stdlib(schedule: Schedule, stats: Stats, port: int):
 
 
 # --- aiohttp.web ------------------------------------------------------------------------------
-async def _async_stream(body, chat, arrival, write, schedule: Schedule, stats: Stats, request_id) -> None:
+async def _async_stream(body, chat, arrival, write, schedule: Schedule, stats: Stats, request_id, peer) -> None:
     import asyncio
 
-    gen = events(body, chat, schedule, arrival, stats, request_id)
+    gen = events(body, chat, schedule, arrival, stats, request_id, peer)
     due, data = next(gen)
     while True:
         if due is not None and (delay := due - time.perf_counter()) > 0:
@@ -222,7 +230,8 @@ def serve_aiohttp(schedule: Schedule, stats: Stats, port: int):
             return web.Response(body=answer(body, chat), content_type="application/json")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await _async_stream(body, chat, arrival, resp.write, schedule, stats, request.headers.get("x-request-id"))
+        peer = (request.transport.get_extra_info("peername") or (None, None))[1] if request.transport else None
+        await _async_stream(body, chat, arrival, resp.write, schedule, stats, request.headers.get("x-request-id"), peer)
         await resp.write_eof()
         return resp
 
@@ -260,7 +269,8 @@ def serve_starlette(schedule: Schedule, stats: Stats, port: int):
         queue: asyncio.Queue = asyncio.Queue()
 
         async def produce() -> None:
-            await _async_stream(body, chat, arrival, queue.put, schedule, stats, request.headers.get("x-request-id"))
+            await _async_stream(body, chat, arrival, queue.put, schedule, stats, request.headers.get("x-request-id"),
+                                request.client.port if request.client else None)
             await queue.put(None)
 
         async def stream():

@@ -110,3 +110,65 @@ def test_client_log_lines_are_what_llmtriage_parses(tmp_path):
     event = parsers.parse_loadgen_text((tmp_path / "c.log").read_text().strip(), "c.log", 1)
     assert event.kind == "client.stream_cut"
     assert event.fields["elapsed_s"] == 1.2 and event.fields["error"] == record.error
+
+
+def test_quick_check_reads_a_connection_as_urllib3_does():
+    """QuickCheck's `is_connected` gives urllib3's answer: open and idle, then unread bytes, then closed."""
+    import socket
+
+    from urllib3.connection import HTTPConnection
+
+    from loadgen.client import QuickCheckHTTPConnection
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        conn = QuickCheckHTTPConnection("127.0.0.1", listener.getsockname()[1])
+        assert conn.is_connected is False  # no socket yet
+        conn.connect()
+        peer, _ = listener.accept()
+        states = [(conn.is_connected, HTTPConnection.is_connected.fget(conn))]
+        peer.sendall(b"x")  # bytes nobody asked for: the connection cannot carry the next request
+        import time
+
+        time.sleep(0.05)  # (loopback delivers at once; this only lets the kernel queue it)
+        states.append((conn.is_connected, HTTPConnection.is_connected.fget(conn)))
+        conn.sock.recv(1)
+        peer.close()  # the server closed the kept-alive connection
+        time.sleep(0.05)
+        states.append((conn.is_connected, HTTPConnection.is_connected.fget(conn)))
+        conn.close()
+    assert states == [(True, True), (False, False), (False, False)]
+
+
+QUICK_CHECK_UNDER_GEVENT = """
+from gevent import monkey; monkey.patch_all()
+import socket, greenlet, gevent
+from urllib3.connection import HTTPConnection
+from loadgen.client import QuickCheckHTTPConnection
+switches, me = [], gevent.getcurrent()
+greenlet.settrace(lambda event, args: switches.append(event) if event == "switch" and args[0] is me else None)
+listener = socket.create_server(("127.0.0.1", 0))
+conn = QuickCheckHTTPConnection("127.0.0.1", listener.getsockname()[1])
+conn.connect()
+peer, _ = listener.accept()
+counts = []
+for check in (QuickCheckHTTPConnection.is_connected.fget, HTTPConnection.is_connected.fget):
+    switches.clear()
+    assert check(conn) is True
+    counts.append(len(switches))
+print(counts)
+"""
+
+
+def test_under_gevent_the_quick_check_hands_the_loop_to_no_other_greenlet():
+    """urllib3's check of a kept-alive connection, under gevent, lets every ready greenlet run before
+    the request goes out (gevent's poll switches to the hub even with no timeout); QuickCheck's not."""
+    import subprocess
+    import sys
+
+    from tests.loadgen.conftest import REPO
+
+    out = subprocess.run([sys.executable, "-c", QUICK_CHECK_UNDER_GEVENT], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    quick, urllib3_own = eval(out.stdout.strip())
+    assert quick == 0 and urllib3_own >= 1

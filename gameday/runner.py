@@ -28,11 +28,12 @@ from gameday.stack import (
 
 PROBE_TIMEOUT_S = 120.0  # Locust's start-up plus one cold ~1000-token prefill on a busy CPU
 LOAD_GRACE_S = 60.0  # Locust's own stop plus report writing, beyond the phase's run time
-# The measuring client's nice value (loadgen-agreement). On the core vLLM's worker leaves, vLLM's
-# engine core spins on the worker's shared-memory queue (vLLM's shm_broadcast readers busy-loop with
-# sched_yield for 1 s after each read): ~92% of that core during the load. At the same priority
-# Locust's loop ran timers 326 to 440 ms late at p99 and a third of the streams reached it whole at
-# their end; at -10 (it and its session) 4.4 ms (docs/loadgen.md, "Against vLLM's own histograms").
+# The measuring client's nice value (loadgen-agreement). With vLLM's `mp` executor, on the core its
+# worker leaves, vLLM's engine core spins on the worker's shared-memory queue (vLLM's shm_broadcast
+# readers busy-loop with sched_yield for 1 s after each read): ~92% of that core during the load. At
+# the same priority Locust's loop ran timers 326 to 440 ms late at p99 and a third of the streams
+# reached it whole at their end; at -10 (it and its session) 4.4 ms (docs/loadgen.md, "Against
+# vLLM's own histograms"). The game days now run vLLM with `uni` (no spin); the priority stays.
 CLIENT_NICE = -10
 # Kept in series.json for each run: what the alerts read, second by second.
 RECORDED_SERIES = ("up", "llm:requests_running", "llm:requests_waiting", "llm:kv_cache_usage:ratio",
@@ -156,15 +157,15 @@ def _run_load(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) ->
 
 
 def _client_cpus(stack: Stack, scenario: Scenario, start_ts: float, log: RunLog) -> frozenset[int] | None:
-    """vLLM: the client off the cores vLLM's worker is bound to (`taskset -c` does the same by hand);
-    None (wherever the OS puts it) for other engines or when no core is left."""
+    """vLLM: the client off the cores vLLM's model runner is bound to (`taskset -c` does the same by
+    hand); None (wherever the OS puts it) for other engines or when no core is left."""
     if scenario.engine != "vllm":
         return None
     from gameday.vllm import client_cpus, worker_cpus
 
     cpus = client_cpus(stack.engines[0])
     worker = ",".join(map(str, sorted(worker_cpus(stack.engines[0]))))
-    log.add(start_ts, f"vLLM's worker is bound to CPUs {worker}" + ("; no CPU is free of it" if cpus is None else ""))
+    log.add(start_ts, f"vLLM's model runner may run on CPUs {worker}" + ("; no CPU is free of it" if cpus is None else ""))
     return cpus
 
 

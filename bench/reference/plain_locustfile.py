@@ -4,7 +4,8 @@ send a role-only first chunk, `"content": ""`, before the first token).
 
 Times each content line as iter_lines hands it over and, on quit, writes one JSON object per
 request to $LOADGEN_REFERENCE_OUT.<pid> (one file per process, so `--processes N` runs write N):
-{"start_unix", "ttft_s", "e2e_s", "itl_s", "num_tokens"}.
+{"start_unix", "ttft_s", "e2e_s", "itl_s", "num_tokens", "id"} (`id`: the server's completion id, to join
+with its own log).
 """
 
 import json
@@ -23,16 +24,18 @@ class ReferenceUser(HttpUser):
     @task
     def stream(self):
         start_unix, start = time.time(), time.perf_counter()
-        arrivals = []
+        arrivals, completion_id = [], None
         with self.client.post("/v1/chat/completions", json=BODY, stream=True, catch_response=True) as resp:
             for line in resp.iter_lines():
                 if line.startswith(b"data: {"):  # a token: non-empty content (not the role-only first chunk)
-                    choices = json.loads(line[6:]).get("choices") or [{}]
+                    event = json.loads(line[6:])
+                    completion_id = completion_id or event.get("id")
+                    choices = event.get("choices") or [{}]
                     if (choices[0].get("delta") or {}).get("content"):
                         arrivals.append(time.perf_counter() - start)
         if arrivals:
             RESULTS.append({"start_unix": start_unix, "ttft_s": arrivals[0], "e2e_s": arrivals[-1], "itl_s": [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)],
-                            "num_tokens": len(arrivals)})
+                            "num_tokens": len(arrivals), "id": completion_id})
 
 
 @events.quitting.add_listener

@@ -13,10 +13,13 @@ requests that started and ended while both ran. Printed per row: TTFT, ITL and T
 loadgen minus the schedule and minus the reference, both request counts, each client's CPU per
 request (all of it, start-up and report included, and only what it spent while its streams ran) and
 each client's drift (its TTFT p50 minus the server's own TTFT p50 over the same streams: what the
-client added). Targets: p50 no more than 2 ms above the reference, p99 no more than 20 ms above,
-counts within 5%; below the reference loadgen must stay within those limits of the schedule
-(between the two, the reference was the late one), and against llmserve within them of the
-reference either way. The symmetric verdict (within the limits of the reference either way, every
+client added). Against llmserve TTFT and TPOT are judged per request as the client's minus
+llmserve's own (its JSON log, joined by completion id): a stepping server's TTFT moves by a whole
+step with when a request lands. Targets: p50 no more than 2 ms above the reference, p99 no more
+than 20 ms above, counts (requests within the window, those its edges cut by their share inside)
+within 5%; below the reference loadgen must stay within those limits of what the server did (the
+schedule; against llmserve 0 for TTFT and TPOT, its own TPOT for ITL): between the two, the
+reference was the late one. The symmetric verdict (within the limits of the reference either way, every
 server) is printed beside it. Last line: one JSON object.
 
 A row `100x2` runs both clients with Locust's `--processes 2`: how a user carries more streams than

@@ -77,9 +77,12 @@ _FORMS: dict[str, tuple[str, str, str]] = {  # name -> (kind, source, one whole 
 # Each form's fields, one match per line of the form: a "\n" put before the run anchors them at line
 # starts (a literal first: the search skips to the next line at C speed)
 _EXTRACT = {
+    # (each line of a run matched its form whole already: single-character exclusions, which Python's re
+    # skips over at memchr-like speed, where the form has "\S" or a class with "\n" too, and nothing past
+    # the last field)
     "upstreaminfo": re.compile(
-        r'\n(\S+) \S+ \S+ \[([^\]\n]+)\] "[^"\n]*" \d{3} (?:\d+|-)(?: "[^"\n]*" "[^"\n]*")? \d+ '
-        r"(\d+\.?\d*|\.\d+) \[[^\]\n]*\] \[[^\]\n]*\] (\S+) [^\n]*"),
+        r'\n([^ ]+) [^ ]+ [^ ]+ \[([^\]]+)\] "[^"]*" \d{3} (?:\d+|-)(?: "[^"]*" "[^"]*")? \d+ '
+        r"(\d+\.?\d*|\.\d+) \[[^\]]*\] \[[^\]]*\] ([^ ]+) "),
     # forms read as columns, one findall a field, each field's pattern held once by each line of the form
     # (the first: a literal the line's own field starts with): the k-th match of each is the k-th line's
     # only when every column has as many matches as the first, and the run's lines are all accounted for
@@ -87,7 +90,7 @@ _EXTRACT = {
     "nginx-kv": [re.compile(r" (?:rt|request_time)=(\S+)"),
                  re.compile(r' \[(\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4})\] "')],
     "received": [re.compile(r" prompt: ([^\n]*)"), re.compile(r"\) INFO (\d\d-\d\d \d\d:\d\d:\d\d)")],
-    "sglang-batch": re.compile(r"\n\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]\n]*\] (?:Prefill|Decode) batch, [^\n]*"),
+    "sglang-batch": re.compile(r"\n\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (?:Prefill|Decode) batch, "),
     # forms counted by literals each of their lines holds (a line of another form holding one too makes
     # more rows than lines: the run is read line by line)
     "uvicorn": (") INFO: ", "\nINFO: "),
@@ -214,8 +217,9 @@ class Run:
         return self.event_of(*self.line(form, row))
 
 
-def _rows(extract, text: RunText) -> list | int | None:
-    """The form's rows in text (a count for a form counted by literals); None when its columns disagree."""
+def _rows(extract, text: RunText) -> list | tuple | int | None:
+    """The form's rows in text: a list of matches, a tuple of columns (a form read one findall a field),
+    a count (a form counted by literals); None when its columns disagree."""
     if type(extract) is tuple:
         return sum(map(text.count, extract))
     if type(extract) is not list:
@@ -226,7 +230,7 @@ def _rows(extract, text: RunText) -> list | int | None:
     columns = [first, *(text.findall(pattern) for pattern in extract[1:])]
     if any(len(column) != len(first) for column in columns):
         return None
-    return list(zip(*columns, strict=True))
+    return tuple(columns)
 
 
 def _time_range(stamps: list[str], parse) -> tuple:
@@ -238,6 +242,10 @@ def _time_range(stamps: list[str], parse) -> tuple:
 def _sortable(stamps: list[str]) -> bool:
     """ISO times of one length, all in UTC ("Z"): they sort as they read (else each is parsed)."""
     return len(set(map(len, stamps))) == 1 and all(map(str.endswith, stamps, repeat("Z")))
+
+
+def _second(item: tuple):
+    return item[1]
 
 
 def _md_hms(stamp: str):
@@ -262,7 +270,7 @@ def summarise(run: Run, names: list[str], nlines: int) -> list[Event] | None:
             return None
         if not rows:
             continue
-        accounted += rows if type(rows) is int else len(rows)
+        accounted += rows if type(rows) is int else len(rows[0]) if type(rows) is tuple else len(rows)
         if accounted > nlines:
             return None
         made = _SUMMARISE[name](run, name, rows, text)
@@ -298,29 +306,30 @@ def _upstreaminfo(run: Run, form: str, rows: list, text: RunText) -> Event:
     return _totals(run, form, len(rows), first, last, {"durations": durations, "routes": routes})
 
 
-def _nginx_kv(run: Run, form: str, rows: list, text: RunText) -> Event:
-    times, stamps = zip(*rows, strict=True)
+def _nginx_kv(run: Run, form: str, rows: tuple, text: RunText) -> Event:
+    times, stamps = rows
     durations: Counter = Counter()
     for raw, num in Counter(times).items():
         if raw != "-":
             durations[float(raw)] += num
     first, last = _time_range(stamps, parse_clf)
-    return _totals(run, form, len(rows), first, last, {"durations": durations, "routes": {}})
+    return _totals(run, form, len(times), first, last, {"durations": durations, "routes": {}})
 
 
-def _received(run: Run, form: str, rows: list, text: RunText) -> Event | None:
+def _received(run: Run, form: str, rows: tuple, text: RunText) -> Event | None:
     # (a prompt with a stats line's words, which the per-line reading would take for one, is found by the
     # stop words: FileParser._pieces)
-    rests, stamps = zip(*rows, strict=True)
+    rests, stamps = rows
     prompts: dict[str, int] = {}
-    for rest, row in reversed({rest: row for row, rest in reversed(list(enumerate(rests)))}.items()):
+    first_rows = dict(zip(reversed(rests), range(len(rests) - 1, -1, -1), strict=True))  # each rest's first row
+    for rest, row in sorted(first_rows.items(), key=_second):
         end = rest.find(rest[0] + ", params", 1)
         if end < 0:
             return None  # no end of prompt where the line parser looks: it reads such a line itself
         prompts.setdefault(rest[1:end], row)
     first, last = min(stamps), max(stamps)  # "MM-DD HH:MM:SS" sorts as it reads
-    return _totals(run, form, len(rows), _md_hms(first), _md_hms(last),
-                   {"prompts": dict(sorted(prompts.items(), key=lambda item: item[1]))})
+    return _totals(run, form, len(rests), _md_hms(first), _md_hms(last),
+                   {"prompts": prompts})  # (first seen first)
 
 
 def _sglang(run: Run, form: str, rows: list, text: RunText) -> Event | None:
@@ -347,9 +356,10 @@ def _nothing(run: Run, form: str, rows: int, text: RunText) -> bool:
 
 
 # A value of a line the run search has read as a flat object (its strings hold no quote, no other value a
-# comma or a brace): a string to its closing quote, anything else to the next comma or brace (a charset
-# of one or two characters: about half the time of the value's exact syntax)
-_JSON_VALUE = r'"[^"]*"|[^,}]*'
+# comma or a brace): a string to its closing quote, anything else to the next comma (one excluded
+# character, which Python's re skips at memchr-like speed; the line's last value then gives back what it
+# took past its brace: the pattern ends in the brace before the line's end)
+_JSON_VALUE = r'"[^"]*"|[^,]*'
 _KEYED: dict[tuple, re.Pattern | None] = {}  # a key order -> the regex of a line with exactly those keys
 _KEYS = re.compile(r'"([\w.-]+)":')
 

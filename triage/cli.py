@@ -17,7 +17,6 @@ import sys
 
 from triage import signatures
 from triage.diagnose import DiagnoseOptions, diagnose
-from triage.plan import PlanError, PlanRequest, make_plan, parse_size, render_plan
 from triage.reader import InputError
 from triage.report import DEFAULT_RUNBOOK_BASE, read_summary, render_json, render_text, summary_lines
 from triage.timeparse import parse_user_time
@@ -132,6 +131,8 @@ def run_signatures(args: argparse.Namespace) -> int:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from triage.plan import PlanError, PlanRequest, make_plan, parse_size, render_plan  # (only for plan)
+
     try:
         req = PlanRequest(args.model, parse_size(args.gpu_memory), args.gpu_memory_utilization,
                           args.max_model_len, args.dtype, args.tensor_parallel_size, args.block_size)

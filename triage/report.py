@@ -1,7 +1,6 @@
 """Rendering a diagnosis: the JSON document and the readable text report."""
 
 import json
-import textwrap
 
 from triage.model import Finding, iso
 
@@ -28,6 +27,8 @@ def read_summary(files: list[str], facts, num_files: int, num_lines: int) -> dic
 
 
 def _wrap(text: str, indent: str) -> str:
+    import textwrap  # (the text report only: a hundredth of a second to import)
+
     return textwrap.fill(text, width=100, initial_indent=indent, subsequent_indent=indent)
 
 

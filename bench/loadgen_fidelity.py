@@ -174,7 +174,7 @@ def samples(rows: list[dict], failed: int, cpu, window: tuple[float, float],
 def pool(parts: list[dict]) -> dict:
     """Several alternating runs of one client pooled into one sample."""
     out = {"count": 0, "in_window": 0.0, "cpu_s": 0.0, "cpu_requests": 0, "load_cpu_s": 0.0, "load_requests": 0,
-           "ttft": [], "itl": [], "tpot": [], "own_tpot": [], "unmatched": 0, "failed": 0}
+           "ttft": [], "itl": [], "tpot": [], "own_tpot": [], "unmatched": 0, "failed": 0, "starts_s": []}
     for part in parts:
         for key, value in part.items():
             out[key] += value
@@ -300,8 +300,13 @@ def run_together(url: str, users: int, seconds: float, work: Path, tokens: int, 
         runs = {client: future.result() for client, future in futures.items()}
     start = max(window_of(rows, seconds)[0] for rows, _, _ in runs.values())
     own = llmserve_own(log)
-    return {client: samples(rows, failed, cpu, (start, start + seconds), own)
-            for client, (rows, failed, cpu) in runs.items()}
+    out = {}
+    for client, (rows, failed, cpu) in runs.items():
+        out[client] = samples(rows, failed, cpu, (start, start + seconds), own)
+        # when the client's first and last requests started, seconds from the window's start
+        out[client]["starts_s"] = [[round(min(r["start"] for r in rows) - start, 3),
+                                    round(max(r["start"] for r in rows) - start, 3)] if rows else []]
+    return out
 
 
 def main() -> int:
@@ -363,6 +368,8 @@ def main() -> int:
                            "rounds": args.rounds, "together": kind == "llmserve",
                            "users_per_client": max(1, users // 2) if kind == "llmserve" else users,
                            **compare(pooled["loadgen"], pooled["reference"], kind != "llmserve")}
+                    if kind == "llmserve":
+                        row["starts_s"] = {client: pooled[client]["starts_s"] for client in pooled}
                     if kind == "llmserve":  # client drift: per request, client TTFT minus llmserve's own
                         for client in ("loadgen", "reference"):
                             row[f"{client}_drift_p50_ms"] = pct_ms(pooled[client]["ttft"], 50)

@@ -63,7 +63,9 @@ from fidelity_harness import (  # noqa: E402
 
 TTFT_MS, ITL_MS, NUM_TOKENS = 150.0, 20.0, 32
 RUN_MARGIN_S = 2.0  # each run this much longer than the window judged: -t cuts no stream inside it
-TOGETHER_MARGIN_S = 5.0  # llmserve rows: each client's run is this much longer than the window judged
+TOGETHER_SETTLE_S = 2.0  # llmserve rows: the window starts this long after the later client's first request
+TOGETHER_MARGIN_S = 5.0 + TOGETHER_SETTLE_S  # llmserve rows: each client's run this much longer than the window
+LLMSERVE_ROUNDS = 3  # llmserve rows pool at least this many runs: its pace and the machine's move from run to run
 LLMSERVE_TOKENS = 8  # the built-in model on CPU: 32 tokens for 100 users outlast a short run
 TARGET_P50_MS, TARGET_P99_MS, TARGET_COUNT = 2.0, 20.0, 0.05
 REFERENCE_PROMPT = "tell me a story"  # bench/reference/plain_locustfile.py's
@@ -282,8 +284,10 @@ def run_client(client: str, url: str, users: int, seconds: float, work: Path, to
 def run_together(url: str, users: int, seconds: float, work: Path, tokens: int, dataset: Path,
                  extra: list[str], log: Path) -> dict[str, dict]:
     """Both clients at once against llmserve, each judged on the requests that started and ended
-    within the same `seconds` while both ran: from the later of the two first requests on. Each runs
-    TOGETHER_MARGIN_S longer than that, so the other's slower start-up still leaves a full window.
+    within the same `seconds` while both ran: from TOGETHER_SETTLE_S after the later of the two
+    first requests on (the earlier client's start-up burst, all its users sending at once, would
+    otherwise be left out and the later one's judged). Each runs TOGETHER_MARGIN_S longer than the
+    window, so the other's slower start-up still leaves a full window.
     TTFT and TPOT per request minus llmserve's own (its log `log`): what the client added."""
     length = seconds + TOGETHER_MARGIN_S
     with ThreadPoolExecutor(2) as pool_:
@@ -298,7 +302,7 @@ def run_together(url: str, users: int, seconds: float, work: Path, tokens: int, 
             futures[client] = pool_.submit(run_client, client, url, users, length, work, tokens, dataset,
                                            [*extra, *ports])
         runs = {client: future.result() for client, future in futures.items()}
-    start = max(window_of(rows, seconds)[0] for rows, _, _ in runs.values())
+    start = max(window_of(rows, seconds)[0] for rows, _, _ in runs.values()) + TOGETHER_SETTLE_S
     own = llmserve_own(log)
     out = {}
     for client, (rows, failed, cpu) in runs.items():
@@ -347,7 +351,8 @@ def main() -> int:
                     tokens = LLMSERVE_TOKENS if kind == "llmserve" else NUM_TOKENS
                     os.environ["LOADGEN_REFERENCE_TOKENS"] = str(tokens)
                     server_ttft: dict[str, list] = {"reference": [], "loadgen": []}
-                    for n in range(args.rounds):
+                    rounds = max(args.rounds, LLMSERVE_ROUNDS) if kind == "llmserve" else args.rounds
+                    for n in range(rounds):
                         if kind == "llmserve":  # no schedule: both at once, on the same server, half the users each
                             parts_now = run_together(server.url, max(1, users // 2), seconds, work, tokens, dataset,
                                                      extra, Path(tmp) / kind / "llmserve.log")
@@ -365,7 +370,7 @@ def main() -> int:
                             server_ttft[client] += server.stats()["server_ttft_s"][seen:]  # its own TTFT
                     pooled = {client: pool(p) for client, p in parts.items()}
                     row = {"server": server.kind, "users": users, "processes": procs, "run_time_s": seconds,
-                           "rounds": args.rounds, "together": kind == "llmserve",
+                           "rounds": rounds, "together": kind == "llmserve",
                            "users_per_client": max(1, users // 2) if kind == "llmserve" else users,
                            **compare(pooled["loadgen"], pooled["reference"], kind != "llmserve")}
                     if kind == "llmserve":

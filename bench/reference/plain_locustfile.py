@@ -3,7 +3,7 @@ json.loads of each data line; a token is a chunk with non-empty content (llmserv
 send a role-only first chunk, `"content": ""`, before the first token).
 
 Times each content line as iter_lines hands it over and, on quit, writes one JSON object per
-request to $LOADGEN_REFERENCE_OUT.<pid> (one file per process, so `--processes N` runs write N):
+request to $LOADGEN_REFERENCE_OUT.<pid> (one file per process, so `--processes N` runs write N + 1):
 {"start_unix", "ttft_s", "e2e_s", "itl_s", "num_tokens", "id"} (`id`: the server's completion id, to join
 with its own log).
 """
@@ -40,5 +40,7 @@ class ReferenceUser(HttpUser):
 
 @events.quitting.add_listener
 def _write(environment, **kwargs):
-    with open(f"{os.environ['LOADGEN_REFERENCE_OUT']}.{os.getpid()}", "w") as f:
+    path = f"{os.environ['LOADGEN_REFERENCE_OUT']}.{os.getpid()}"
+    with open(path + ".tmp", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in RESULTS)
+    os.replace(path + ".tmp", path)  # whole or not there: the bench waits for every process's file

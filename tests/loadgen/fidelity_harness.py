@@ -226,5 +226,21 @@ def run_reference(host: str, users: int, run_time_s: float, workdir: Path,
                      {"LOADGEN_REFERENCE_OUT": str(out / "requests.jsonl"), **(env_extra or {})})
     if run.proc.returncode != 0:
         raise RuntimeError(f"the reference exited {run.proc.returncode}: {run.proc.stderr[-2000:]}")
-    return [json.loads(line) for path in sorted(out.glob("requests.jsonl.*"))
-            for line in path.read_text().splitlines()], run.cpu
+    # With --processes N Locust's master exits without waiting for a worker still busy (it waits up to
+    # 3 s, then stops checking), so a worker's file can come after the run: wait for all N + 1.
+    extra = list(extra)
+    expected = int(extra[extra.index("--processes") + 1]) + 1 if "--processes" in extra else 1
+    deadline = time.monotonic() + REFERENCE_FILES_WAIT_S
+    while len(paths := reference_files(out)) < expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if len(paths) < expected:
+        raise RuntimeError(f"the reference wrote {len(paths)} of {expected} result files")
+    return [json.loads(line) for path in paths for line in path.read_text().splitlines()], run.cpu
+
+
+REFERENCE_FILES_WAIT_S = 60.0
+
+
+def reference_files(out: Path) -> list[Path]:
+    """The reference's finished result files (requests.jsonl.<pid>; not the .tmp being written)."""
+    return sorted(p for p in out.glob("requests.jsonl.*") if p.name.rsplit(".", 1)[1].isdigit())

@@ -191,14 +191,14 @@ def per_request_ms(cpu_s: float, requests: int) -> float | None:
     return 1000 * cpu_s / requests if requests else None
 
 
-def floors_of(lg: dict, scheduled: bool) -> dict[str, dict[int, float]]:
+def floors_of(scheduled: bool) -> dict[str, dict[int, float]]:
     """Per metric and percentile what loadgen cannot read sooner than (ms): the schedule; against
     llmserve, whose TTFT and TPOT are judged as client minus the server's own, 0 for those, and 0
     for ITL too: its log has no time per token, and its own TPOT (a mean gap per request) is no
     floor for the gaps' percentiles (a few long steps put the mean above the median)."""
     if scheduled:
         return {"ttft": {50: TTFT_MS, 99: TTFT_MS}, "itl": {50: ITL_MS, 99: ITL_MS}, "tpot": {50: ITL_MS, 99: ITL_MS}}
-    return {"ttft": {50: 0.0, 99: 0.0}, "tpot": {50: 0.0, 99: 0.0}, "itl": {50: 0.0, 99: 0.0}}
+    return {metric: {50: 0.0, 99: 0.0} for metric in ("ttft", "itl", "tpot")}
 
 
 def compare(lg: dict, ref: dict, scheduled: bool) -> dict:
@@ -222,7 +222,7 @@ def compare(lg: dict, ref: dict, scheduled: bool) -> dict:
            "reference_cpu_ms_per_request": per_request_ms(ref["cpu_s"], ref["cpu_requests"]),
            "loadgen_load_cpu_ms_per_request": per_request_ms(lg["load_cpu_s"], lg["load_requests"]),
            "reference_load_cpu_ms_per_request": per_request_ms(ref["load_cpu_s"], ref["load_requests"])}
-    floors = floors_of(lg, scheduled)
+    floors = floors_of(scheduled)
     counts_ok = row["count_ratio"] is not None and abs(row["count_ratio"] - 1) <= TARGET_COUNT and not lg["failed"]
     ok = symmetric = counts_ok
     for metric in ("ttft", "itl", "tpot"):
@@ -230,12 +230,12 @@ def compare(lg: dict, ref: dict, scheduled: bool) -> dict:
             mine, theirs = pct_ms(lg[metric], p), pct_ms(ref[metric], p)
             floor = floors[metric][p]
             row[f"{metric}_p{p}_ms"] = mine
-            row[f"{metric}_p{p}_minus_schedule_ms"] = mine - floor if mine is not None and floor is not None else None
+            row[f"{metric}_p{p}_minus_schedule_ms"] = mine - floor if mine is not None else None
             diff = mine - theirs if mine is not None and theirs is not None else None
             row[f"{metric}_p{p}_minus_reference_ms"] = diff
             limit = TARGET_P50_MS if p == 50 else TARGET_P99_MS
             symmetric = symmetric and diff is not None and abs(diff) <= limit
-            if diff is None or floor is None:
+            if diff is None:
                 ok = False
             else:
                 ok = ok and diff <= limit and mine >= floor - limit
@@ -373,9 +373,8 @@ def main() -> int:
                            "rounds": rounds, "together": kind == "llmserve",
                            "users_per_client": max(1, users // 2) if kind == "llmserve" else users,
                            **compare(pooled["loadgen"], pooled["reference"], kind != "llmserve")}
-                    if kind == "llmserve":
-                        row["starts_s"] = {client: pooled[client]["starts_s"] for client in pooled}
                     if kind == "llmserve":  # client drift: per request, client TTFT minus llmserve's own
+                        row["starts_s"] = {client: pooled[client]["starts_s"] for client in pooled}
                         for client in ("loadgen", "reference"):
                             row[f"{client}_drift_p50_ms"] = pct_ms(pooled[client]["ttft"], 50)
                     for client, values in server_ttft.items():  # client drift: client TTFT minus the server's

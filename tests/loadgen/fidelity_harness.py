@@ -228,7 +228,6 @@ def run_reference(host: str, users: int, run_time_s: float, workdir: Path,
         raise RuntimeError(f"the reference exited {run.proc.returncode}: {run.proc.stderr[-2000:]}")
     # With --processes N Locust's master exits without waiting for a worker still busy (it waits up to
     # 3 s, then stops checking), so a worker's file can come after the run: wait for all N + 1.
-    extra = list(extra)
     expected = int(extra[extra.index("--processes") + 1]) + 1 if "--processes" in extra else 1
     deadline = time.monotonic() + REFERENCE_FILES_WAIT_S
     while len(paths := reference_files(out)) < expected and time.monotonic() < deadline:

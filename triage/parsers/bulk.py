@@ -15,6 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from itertools import repeat
+from operator import itemgetter
 
 import orjson
 import re2
@@ -244,10 +245,6 @@ def _sortable(stamps: list[str]) -> bool:
     return len(set(map(len, stamps))) == 1 and all(map(str.endswith, stamps, repeat("Z")))
 
 
-def _second(item: tuple):
-    return item[1]
-
-
 def _md_hms(stamp: str):
     return parse_md_hms(stamp[:5], stamp[6:])
 
@@ -322,7 +319,7 @@ def _received(run: Run, form: str, rows: tuple, text: RunText) -> Event | None:
     rests, stamps = rows
     prompts: dict[str, int] = {}
     first_rows = dict(zip(reversed(rests), range(len(rests) - 1, -1, -1), strict=True))  # each rest's first row
-    for rest, row in sorted(first_rows.items(), key=_second):
+    for rest, row in sorted(first_rows.items(), key=itemgetter(1)):
         end = rest.find(rest[0] + ", params", 1)
         if end < 0:
             return None  # no end of prompt where the line parser looks: it reads such a line itself

@@ -20,7 +20,7 @@ from gevent import GreenletExit
 from locust import HttpUser, LoadTestShape, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
-from loadgen import client, nonstream, profiles, runtime, webui
+from loadgen import client, nonstream, profiles, resolver, runtime, webui
 from loadgen.options import add_arguments
 from loadgen.prompts import Prompt, PromptFactory, messages_to_prompt
 from loadgen.records import FailureKind, Outcome, RequestRecord, perf_to_unix
@@ -77,6 +77,7 @@ def _on_test_start(environment, **kwargs):
     else:  # Locust does not forward its own --profile to workers; this custom option is forwarded.
         environment.parsed_options.loadgen_profile = STATE.config.profile
     if not isinstance(environment.runner, MasterRunner):
+        resolver.install()  # each user's first connection to an IP address: no trip through gevent's threadpool
         _resolve_early(environment)
         STATE.loop_lag.start()
     # What start-up made (Locust, numpy, the prompts) lives to the end: out of the cyclic GC's sight,
@@ -138,10 +139,18 @@ class ProfileShape(LoadTestShape):
 class ChatUser(HttpUser):
     """One simulated user: closed loop (back to back), or open loop under --profile poisson."""
 
+    def __init__(self, environment):
+        # The session's pools make QuickCheck connections: a request goes out without waiting on the loop first.
+        self.pool_manager = client.quick_check_pool_manager()
+        super().__init__(environment)
+
     def on_start(self):
         self.factory: PromptFactory | None = None
         self.state = STATE
-        client.mount_quick_check(self.client)  # a request goes out without waiting on the loop first
+        cfg = STATE.config
+        self.settings = client.StreamSettings(
+            timeout_s=cfg.timeout_s, headers=STATE.headers,
+            abort_after_tokens=cfg.abort_after_tokens if cfg.profile == "abort" else None)
 
     def _factory(self) -> PromptFactory:
         if self.factory is None:
@@ -187,11 +196,9 @@ class ChatUser(HttpUser):
         else:
             scheduled_ts = time.perf_counter()
         record.scheduled_unix = perf_to_unix(scheduled_ts)
-        settings = client.StreamSettings(timeout_s=cfg.timeout_s, headers=state.headers,
-                                         abort_after_tokens=cfg.abort_after_tokens if cfg.profile == "abort" else None)
         try:
             run = client.run_request if cfg.stream else nonstream.run_request
-            text = run(self.client, spec, record, settings, scheduled_ts, log=state.log)
+            text = run(self.client, spec, record, self.settings, scheduled_ts, log=state.log)
         except GreenletExit:
             state.add(record)  # counted as incomplete: the test stopped under it
             raise

@@ -9,9 +9,9 @@ Before each request on a kept-alive connection urllib3 checks whether the server
 (`HTTPConnection.is_connected`, a poll of the socket with no timeout). Under gevent that poll is
 gevent's, and even with no timeout it hands the loop to every other greenlet ready to run before
 the request is sent: at 100 users that wait was most of the client's part of TTFT (17.9 ms at the
-median against aiohttp, the send itself 0.2 ms). `mount_quick_check` makes a user's session check
-with the operating system's poll instead, which returns at once, so a request goes out as soon as
-it is made (`ReusedConnection` below; the check, a closed connection replaced, is urllib3's own).
+median against aiohttp, the send itself 0.2 ms). A user's session's pools (`quick_check_pool_manager`)
+check with the operating system's poll instead, which returns at once, so a request goes out as soon as
+it is made (`QuickCheck` below; the check, a closed connection replaced, is urllib3's own).
 
 The read timeout inside a body (`--timeout-s`, the longest silence between two reads) is one
 watchdog greenlet per process for every stream (`ReadWatch`), not a timer per socket read: requests'
@@ -21,10 +21,11 @@ that is not gevent's (Locust's monkey-patching off) it stays in force for the bo
 """
 
 import json
+import os
+import random
 import select
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,11 +34,12 @@ import gevent.monkey
 import gevent.socket
 import requests
 from gevent import GreenletExit
-from locust.clients import LocustHttpAdapter
+from requests.adapters import DEFAULT_POOLBLOCK, DEFAULT_POOLSIZE
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
+from urllib3.poolmanager import PoolManager
 
 from loadgen.clientlog import ClientLog
 from loadgen.records import FailureKind, Outcome, RequestRecord, TokenSource
@@ -177,22 +179,13 @@ class QuickCheckHTTPSPool(HTTPSConnectionPool):
         return f"HTTPSConnectionPool(host={self.host!r}, port={self.port!r})"
 
 
-class QuickCheckAdapter(LocustHttpAdapter):
-    """Locust's adapter whose pools make QuickCheck connections."""
-
-    def __init__(self) -> None:
-        super().__init__(pool_manager=None)
-
-    def init_poolmanager(self, *args, **kwargs) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {"http": QuickCheckHTTPPool, "https": QuickCheckHTTPSPool}
-
-
-def mount_quick_check(session: requests.Session) -> None:
-    """The session's http:// and https:// requests through a QuickCheckAdapter."""
-    adapter = QuickCheckAdapter()
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
+def quick_check_pool_manager() -> PoolManager:
+    """A user's connection pools as requests' HTTPAdapter makes its own (10 pools of up to 10 kept-alive
+    connections, never blocking), of QuickCheck connections. Given to HttpUser as its `pool_manager`,
+    the session's http:// and https:// adapters share it: no adapter or pools made only to be replaced."""
+    manager = PoolManager(num_pools=DEFAULT_POOLSIZE, maxsize=DEFAULT_POOLSIZE, block=DEFAULT_POOLBLOCK)
+    manager.pool_classes_by_scheme = {"http": QuickCheckHTTPPool, "https": QuickCheckHTTPSPool}
+    return manager
 
 
 def watch_body(resp, timeout_s: float) -> Silence | None:
@@ -389,5 +382,10 @@ def http_error_text(resp) -> str:
     return f"{text} ({message})" if message else text
 
 
+REQUEST_IDS = random.Random()  # seeded from os.urandom, once per process
+os.register_at_fork(after_in_child=REQUEST_IDS.seed)  # and again in each worker Locust's --processes forks
+
+
 def new_request_id() -> str:
-    return f"loadgen-{uuid.uuid4().hex[:16]}"
+    """`loadgen-` and 16 hex digits, 64 random bits (a uuid4 would cost a system call a request)."""
+    return f"loadgen-{REQUEST_IDS.getrandbits(64):016x}"

@@ -8,7 +8,6 @@ so the prompt lengths converge on `--prompt-tokens` for whatever tokenizer the s
 import json
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,7 +75,8 @@ class DatasetEntry:
 
 
 def make_words(rng: random.Random, num_words: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(num_words))
+    choice = rng.choice
+    return " ".join([choice(WORDS) for _ in range(num_words)])
 
 
 def shared_prefix_text(num_words: int) -> str:
@@ -148,7 +148,7 @@ class PromptFactory:
         self.settings = settings
         self.calibration = calibration
         self.rng = rng
-        self.user_tag = uuid.UUID(int=rng.getrandbits(128)).hex[:8]
+        self.user_tag = f"{rng.getrandbits(128):032x}"[:8]  # a uuid's hex, without making the UUID
         self.conversation = Conversation()
 
     def next_prompt(self) -> Prompt:

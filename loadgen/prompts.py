@@ -75,8 +75,7 @@ class DatasetEntry:
 
 
 def make_words(rng: random.Random, num_words: int) -> str:
-    choice = rng.choice
-    return " ".join([choice(WORDS) for _ in range(num_words)])
+    return " ".join(rng.choices(WORDS, k=num_words))
 
 
 def shared_prefix_text(num_words: int) -> str:

@@ -17,7 +17,7 @@ import sys
 
 from triage import signatures
 from triage.diagnose import DiagnoseOptions, diagnose
-from triage.reader import InputError
+from triage.reader import InputError, keep_freed_blocks
 from triage.report import DEFAULT_RUNBOOK_BASE, read_summary, render_json, render_text, summary_lines
 from triage.timeparse import parse_user_time
 
@@ -72,6 +72,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
     if args.prometheus and not args.prometheus.startswith(("http://", "https://")):
         raise UsageError(f"--prometheus needs an http(s) URL, got {args.prometheus!r}")
     _use_signatures(args.signatures)
+    keep_freed_blocks()
     try:
         result = diagnose(DiagnoseOptions(args.paths, since, until, args.prometheus))
     except InputError as exc:

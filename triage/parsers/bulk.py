@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from itertools import repeat
-from operator import itemgetter
+from operator import indexOf, itemgetter, truediv
 
 import orjson
 import re2
@@ -55,10 +55,6 @@ _FORMS: dict[str, tuple[str, str, str]] = {  # name -> (kind, source, one whole 
     "nginx-kv": ("http.access", "nginx-access",
                  _COMBINED + rf" (?:rt|request_time)={_NUM}(?: (?:uct|uht|urt|upstream_connect_time|"
                  rf"upstream_header_time|upstream_response_time)={_NUM})*"),
-    # uvicorn's access line (vLLM and SGLang API servers), "INFO:" within its first 32 characters
-    "uvicorn": ("http.access", "uvicorn",
-                r'(?:\(\w{1,12} pid=\d{1,7}\) )?INFO: +[\d.:\[\]a-f]+ - "[A-Z]+ [^\s"\[]+ HTTP/[\d.]+" '
-                r"[1-3]\d\d(?: [A-Za-z '-]*)?"),
     # SGLang prints uvicorn's access line after its own "[<time>] " (a line the per-line reading makes
     # nothing of): counted as read, nothing else
     "sglang-uvicorn": ("", "sglang",
@@ -74,6 +70,10 @@ _FORMS: dict[str, tuple[str, str, str]] = {  # name -> (kind, source, one whole 
     # SGLang's scheduler: "[<time>] Prefill batch, ..." / "Decode batch, ..."
     "sglang-batch": ("engine.stats", "sglang",
                      r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]\n]*\] (?:Prefill|Decode) batch, [^\n]*"),
+    # uvicorn's access line (vLLM and SGLang API servers), "INFO:" within its first 32 characters
+    "uvicorn": ("http.access", "uvicorn",
+                r'(?:\(\w{1,12} pid=\d{1,7}\) )?INFO: +[\d.:\[\]a-f]+ - "[A-Z]+ [^\s"\[]+ HTTP/[\d.]+" '
+                r"[1-3]\d\d(?: [A-Za-z '-]*)?"),
 }
 # Each form's fields, one match per line of the form: a "\n" put before the run anchors them at line
 # starts (a literal first: the search skips to the next line at C speed)
@@ -88,13 +88,12 @@ _EXTRACT = {
     # (the first: a literal the line's own field starts with): the k-th match of each is the k-th line's
     # only when every column has as many matches as the first, and the run's lines are all accounted for
     # (a line of the form holds each at least once, so a count that adds up holds each exactly once)
-    "nginx-kv": [re.compile(r" (?:rt|request_time)=(\S+)"),
-                 re.compile(r' \[(\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4})\] "')],
+    "nginx-kv": [re.compile(r" (?:rt|request_time)=(\S+)"), re.compile(r'\[([^\]]*)\] "')],
     "received": [re.compile(r" prompt: ([^\n]*)"), re.compile(r"\) INFO (\d\d-\d\d \d\d:\d\d:\d\d)")],
     "sglang-batch": re.compile(r"\n\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (?:Prefill|Decode) batch, "),
     # forms counted by literals each of their lines holds (a line of another form holding one too makes
     # more rows than lines: the run is read line by line)
-    "uvicorn": (") INFO: ", "\nINFO: "),
+    "uvicorn": ("INFO: ",),  # (once a line of the form; in SGLang's too: a run with both is read line by line)
     "sglang-uvicorn": ("] INFO: ",),
     "envoy-json": ('"response_code":',),
 }
@@ -291,24 +290,21 @@ def _totals(run: Run, form: str, count: int, first_ts, last_ts, fields: dict) ->
     return Event(first_ts, source, kind + TOTALS, fields, run.file, None, "")
 
 
-def _upstreaminfo(run: Run, form: str, rows: list, text: RunText) -> Event:
+def _upstreaminfo(run: Run, form: str, rows: list, text: RunText) -> Event | None:
     clients, stamps, times, addrs = zip(*rows, strict=True)
-    durations: Counter = Counter()
-    for raw, num in Counter(times).items():
-        durations[float(raw)] += num
-    pairs = list(zip(clients, addrs, strict=True))
-    first_rows = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1), strict=True))  # each pair's first row
-    routes = {pair: row for pair, row in sorted(first_rows.items(), key=lambda item: item[1]) if pair[1] != "-"}
+    durations = _seconds(Counter(times))
+    if durations is None:
+        return None
+    routes = {pair: row for pair, row in _first_rows(list(zip(clients, addrs, strict=True))).items() if pair[1] != "-"}
     first, last = _time_range(stamps, parse_clf)
     return _totals(run, form, len(rows), first, last, {"durations": durations, "routes": routes})
 
 
-def _nginx_kv(run: Run, form: str, rows: tuple, text: RunText) -> Event:
+def _nginx_kv(run: Run, form: str, rows: tuple, text: RunText) -> Event | None:
     times, stamps = rows
-    durations: Counter = Counter()
-    for raw, num in Counter(times).items():
-        if raw != "-":
-            durations[float(raw)] += num
+    durations = _seconds(Counter(times))
+    if durations is None:
+        return None  # a time that is no number: line by line
     first, last = _time_range(stamps, parse_clf)
     return _totals(run, form, len(times), first, last, {"durations": durations, "routes": {}})
 
@@ -318,8 +314,7 @@ def _received(run: Run, form: str, rows: tuple, text: RunText) -> Event | None:
     # stop words: FileParser._pieces)
     rests, stamps = rows
     prompts: dict[str, int] = {}
-    first_rows = dict(zip(reversed(rests), range(len(rests) - 1, -1, -1), strict=True))  # each rest's first row
-    for rest, row in sorted(first_rows.items(), key=itemgetter(1)):
+    for rest, row in _first_rows(rests).items():
         end = rest.find(rest[0] + ", params", 1)
         if end < 0:
             return None  # no end of prompt where the line parser looks: it reads such a line itself
@@ -416,13 +411,9 @@ def _envoy(run: Run, form: str, rows: int, text: RunText) -> Event | None:
             first, last = parse_iso(min(stamps)[1:-1]), parse_iso(max(stamps)[1:-1])
         else:
             first, last = _time_range([s[1:-1] for s in stamps], parse_iso)
-    durations: Counter = Counter()
-    for raw, num in Counter(values["duration"]).items():
-        if raw.strip('"') not in ("", "-", "null"):
-            ms = _float(raw.strip('"'))
-            if ms is None:
-                return None
-            durations[ms / 1000] += num
+    durations = _seconds(Counter(values["duration"]), strip='"', scale=1000)
+    if durations is None:
+        return None
     routes: dict = {}
     hosts = values["upstream_host"]
     if hosts:
@@ -431,24 +422,54 @@ def _envoy(run: Run, form: str, rows: int, text: RunText) -> Event | None:
             if any(c in ('""', "null") for c in set(values["downstream_remote_address"])):
                 return None  # the per-line reading falls back to x_forwarded_for there
         pairs = list(zip(clients or ["null"] * n, hosts, strict=True))
-        first_rows = dict(zip(reversed(pairs), range(n - 1, -1, -1), strict=True))  # each pair's first row
-        for (client, host), row in sorted(first_rows.items(), key=lambda item: item[1]):
+        for (client, host), row in _first_rows(pairs).items():
             if host not in ('""', '"-"', "null"):
                 routes.setdefault((_client(client), host.strip('"')), row)
     return _totals(run, form, n, first, last, {"durations": durations, "routes": routes})
+
+
+def _first_rows(values: list) -> dict:
+    """{value: the row it first appears in}, in that order: the distinct values by dict.fromkeys and each
+    one's first row by operator.indexOf (both in C: a run has few distinct ones, all seen early), or, for
+    many distinct values, one dict entry a row."""
+    distinct = dict.fromkeys(values)
+    if len(distinct) <= 64:
+        return {value: indexOf(values, value) for value in distinct}
+    first = dict(zip(reversed(values), range(len(values) - 1, -1, -1), strict=True))
+    return dict(sorted(first.items(), key=itemgetter(1)))
+
+
+_NO_NUMBER = frozenset({"", "-", "null"})
+
+
+def _seconds(counted: Counter, strip: str = "", scale: int = 1) -> Counter | None:
+    """{seconds: count} of a Counter of durations as written (each distinct one read once; "-", "null"
+    or nothing: none); None when one is no number."""
+    raws = list(counted)
+    texts = list(map(str.strip, raws, repeat(strip))) if strip else raws
+    kept = raws
+    if not _NO_NUMBER.isdisjoint(texts):
+        kept = [raw for raw, text in zip(raws, texts, strict=True) if text not in _NO_NUMBER]
+        texts = [text for text in texts if text not in _NO_NUMBER]
+    try:
+        values = list(map(float, texts))
+    except ValueError:
+        return None
+    if scale != 1:
+        values = list(map(truediv, values, repeat(scale)))
+    out: Counter = Counter()
+    if len(set(values)) == len(values):
+        out.update(dict(zip(values, map(counted.__getitem__, kept), strict=True)))
+        return out
+    for value, raw in zip(values, kept, strict=True):  # (two spellings of one number)
+        out[value] += counted[raw]
+    return out
 
 
 def _client(raw: str) -> str | None:
     if raw in ('""', "null", "false", "0"):
         return None
     return raw.strip('"').rsplit(":", 1)[0]
-
-
-def _float(raw: str) -> float | None:
-    try:
-        return float(raw)
-    except ValueError:
-        return None
 
 
 _SUMMARISE = {"upstreaminfo": _upstreaminfo, "nginx-kv": _nginx_kv, "received": _received,

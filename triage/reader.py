@@ -206,21 +206,22 @@ def read_blocks(path: Path, notes: Notes, lines_in=None) -> Iterator[tuple[int, 
         yield from _read_utf8(handle, path, notes, lines_in or _count_lines)
 
 
-def keep_freed_blocks() -> None:
+def keep_freed_blocks() -> bool:
     """Let the C allocator keep the memory of freed blocks for the next ones (glibc only; elsewhere
     nothing). Blocks and what is made of them (the decoded text, its bytes, the columns) are 128 KB and
     more, which glibc maps fresh for each and gives back to the kernel when it is freed: every block then
     costs its pages faulted in again, about a fifth of a second of system time on 256 MB of logs. The
-    memory kept is that of blocks already freed, so the peak stays what it was."""
+    memory kept is that of blocks already freed, so the peak stays what it was. True when glibc took it."""
     if not sys.platform.startswith("linux"):
-        return
+        return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # (not glibc: musl has no mallopt)
-        return
+        return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt(_M_MMAP_THRESHOLD, 8 << 20)  # blocks from the heap, not mapped one by one
-    mallopt(_M_TRIM_THRESHOLD, 64 << 20)  # a freed block's memory stays for the next
+    mallopt.restype = ctypes.c_int
+    return (mallopt(_M_MMAP_THRESHOLD, 8 << 20) == 1  # blocks from the heap, not mapped one by one
+            and mallopt(_M_TRIM_THRESHOLD, 64 << 20) == 1)  # a freed block's memory stays for the next
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # (glibc's malloc.h)

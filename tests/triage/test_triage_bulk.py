@@ -262,3 +262,40 @@ def test_each_block_is_counted_once_and_right(tmp_path, monkeypatch, name):
     _run(tmp_path, monkeypatch, True)
     assert len(seen) > 2 and all(mine == right for mine, right, _ in seen)
     assert sum(known for _, _, known in seen) >= len(seen) - 1
+
+
+def test_durations_are_read_once_per_distinct_value_and_added_up():
+    """bulk._seconds: a Counter of durations as written -> seconds; two spellings of one number add up,
+    "-", "null" and nothing count for none, and one that is no number gives None (read line by line)."""
+    from collections import Counter
+    assert bulk._seconds(Counter({"0.912": 3, "1.5": 1})) == Counter({0.912: 3, 1.5: 1})
+    assert bulk._seconds(Counter({"1.0": 2, "1": 5, "-": 4})) == Counter({1.0: 7})
+    assert bulk._seconds(Counter({'"900"': 2, "1200": 1, '"-"': 3, "null": 1, '""': 2}), strip='"', scale=1000) \
+        == Counter({0.9: 2, 1.2: 1})
+    assert bulk._seconds(Counter({"0.5": 1, "1.2.3": 1})) is None
+    assert bulk._seconds(Counter()) == Counter()
+
+
+def test_first_rows_of_few_and_of_many_distinct_values():
+    """bulk._first_rows: each distinct value's first row, in the order they first appear, whether a run
+    has a few distinct values (found by operator.indexOf) or many (one dict entry a row)."""
+    few = ["b", "a", "b", "c", "a", "c"]
+    assert list(bulk._first_rows(few).items()) == [("b", 0), ("a", 1), ("c", 3)]
+    many = [f"v{i % 100}" for i in range(1000)][::-1]
+    expected = {}
+    for row, value in enumerate(many):
+        expected.setdefault(value, row)
+    assert list(bulk._first_rows(many).items()) == list(expected.items())
+    pairs = [("10.0.0.1", "10.0.3.7:8000"), ("10.0.0.2", "-"), ("10.0.0.1", "10.0.3.7:8000")]
+    assert bulk._first_rows(pairs) == {pairs[0]: 0, pairs[1]: 1}
+
+
+def test_freed_blocks_are_kept_where_glibc_allocates():
+    """keep_freed_blocks() sets glibc's thresholds on Linux with glibc (this machine), and does nothing
+    and says so elsewhere."""
+    import platform
+    import sys as system
+
+    from triage.reader import keep_freed_blocks
+    glibc = system.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert keep_freed_blocks() is glibc

@@ -299,3 +299,21 @@ def test_freed_blocks_are_kept_where_glibc_allocates():
     from triage.reader import keep_freed_blocks
     glibc = system.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     assert keep_freed_blocks() is glibc
+
+
+def test_clf_time_range_parses_the_first_and_last_alone_where_it_may():
+    """bulk._clf_range gives what parsing every distinct time gives: for times of one offset (only the
+    earliest and latest parsed), of several offsets, of another shape, and with a date that is none."""
+    from triage.timeparse import parse_clf
+    cases = [
+        ["29/Nov/2026:19:00:05 +0000", "29/Nov/2026:18:59:59 +0000", "01/Dec/2026:00:00:00 +0000",
+         "30/Jan/2026:23:59:59 +0000"],
+        ["29/Nov/2026:19:00:05 +0100", "29/Nov/2026:18:30:00 +0000"],  # two offsets
+        ["29/Nov/2026:19:00:05 +0000", "31/Nov/2026:19:00:05 +0000"],  # a day November has not
+        ["29/Nov/2026:19:00:05 +0000", "29/Foo/2026:19:00:05 +0000"],
+        ["29/Nov/2026:19:00:05"],
+    ]
+    for stamps in cases:
+        times = [t for t in map(parse_clf, set(stamps)) if t is not None]
+        assert bulk._clf_range(stamps) == ((min(times), max(times)) if times else (None, None)), stamps
+    assert bulk._clf_range(cases[0])[0].month == 1

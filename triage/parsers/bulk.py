@@ -239,6 +239,31 @@ def _time_range(stamps: list[str], parse) -> tuple:
     return (min(times), max(times)) if times else (None, None)
 
 
+_MONTH_KEYS = {m: f"{i:02d}" for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep",
+                                                  "Oct", "Nov", "Dec"), 1)}
+
+
+def _clf_key(stamp: str) -> str | None:
+    """A CLF time ("29/Nov/2026:19:40:01 +0000") as "20261129194001": in time order for times of one
+    offset; None for one of another shape."""
+    month = _MONTH_KEYS.get(stamp[3:6])
+    key = f"{stamp[7:11]}{month}{stamp[0:2]}{stamp[12:14]}{stamp[15:17]}{stamp[18:20]}"
+    return key if month and len(key) == 14 and key.isdigit() else None
+
+
+def _clf_range(stamps) -> tuple:
+    """_time_range of CLF times: where every distinct one has one shape and one offset, only the first and
+    the last in time order are parsed (most runs: a few dozen distinct seconds)."""
+    distinct = set(stamps)
+    if distinct and len(set(map(len, distinct))) == 1 and len({s[20:] for s in distinct}) == 1:
+        keys = dict(zip(map(_clf_key, distinct), distinct, strict=True))
+        if None not in keys and len(keys) == len(distinct):
+            first, last = parse_clf(keys[min(keys)]), parse_clf(keys[max(keys)])
+            if first is not None and last is not None:
+                return first, last
+    return _time_range(distinct, parse_clf)
+
+
 def _sortable(stamps: list[str]) -> bool:
     """ISO times of one length, all in UTC ("Z"): they sort as they read (else each is parsed)."""
     return len(set(map(len, stamps))) == 1 and all(map(str.endswith, stamps, repeat("Z")))
@@ -296,7 +321,7 @@ def _upstreaminfo(run: Run, form: str, rows: list, text: RunText) -> Event | Non
     if durations is None:
         return None
     routes = {pair: row for pair, row in _first_rows(list(zip(clients, addrs, strict=True))).items() if pair[1] != "-"}
-    first, last = _time_range(stamps, parse_clf)
+    first, last = _clf_range(stamps)
     return _totals(run, form, len(rows), first, last, {"durations": durations, "routes": routes})
 
 
@@ -305,7 +330,7 @@ def _nginx_kv(run: Run, form: str, rows: tuple, text: RunText) -> Event | None:
     durations = _seconds(Counter(times))
     if durations is None:
         return None  # a time that is no number: line by line
-    first, last = _time_range(stamps, parse_clf)
+    first, last = _clf_range(stamps)
     return _totals(run, form, len(times), first, last, {"durations": durations, "routes": {}})
 
 

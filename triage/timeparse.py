@@ -74,6 +74,14 @@ def parse_slash(s: str) -> datetime | None:
         return None
 
 
+def clf_order_key(s: str) -> str | None:
+    """A CLF time ("29/Nov/2026:19:40:01 +0000") as "20261129194001", which sorts as the times do among
+    times of one offset; None for a text of another shape."""
+    month = _MONTHS.get(s[3:6])
+    key = f"{s[7:11]}{month or 0:02d}{s[0:2]}{s[12:14]}{s[15:17]}{s[18:20]}"
+    return key if month and len(key) == 14 and key.isdigit() else None
+
+
 def _parse_clf(s: str) -> datetime | None:
     """Common log format: 29/Nov/2026:19:40:01 +0000."""
     try:

@@ -15,7 +15,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from itertools import repeat
-from operator import indexOf, itemgetter, truediv
+from operator import indexOf, itemgetter
 
 import orjson
 import re2
@@ -26,7 +26,7 @@ except ImportError:  # (a platform without its wheel: RE2 finds the same words, 
     hyperscan = None
 
 from triage.model import Event
-from triage.timeparse import parse_clf, parse_iso, parse_md_hms
+from triage.timeparse import clf_order_key, parse_clf, parse_iso, parse_md_hms
 
 TOTALS = ".totals"
 # Bytes whose presence anywhere in a run sends it back to the line-by-line reading: what makes the
@@ -239,24 +239,12 @@ def _time_range(stamps: list[str], parse) -> tuple:
     return (min(times), max(times)) if times else (None, None)
 
 
-_MONTH_KEYS = {m: f"{i:02d}" for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep",
-                                                  "Oct", "Nov", "Dec"), 1)}
-
-
-def _clf_key(stamp: str) -> str | None:
-    """A CLF time ("29/Nov/2026:19:40:01 +0000") as "20261129194001": in time order for times of one
-    offset; None for one of another shape."""
-    month = _MONTH_KEYS.get(stamp[3:6])
-    key = f"{stamp[7:11]}{month}{stamp[0:2]}{stamp[12:14]}{stamp[15:17]}{stamp[18:20]}"
-    return key if month and len(key) == 14 and key.isdigit() else None
-
-
 def _clf_range(stamps) -> tuple:
     """_time_range of CLF times: where every distinct one has one shape and one offset, only the first and
     the last in time order are parsed (most runs: a few dozen distinct seconds)."""
     distinct = set(stamps)
     if distinct and len(set(map(len, distinct))) == 1 and len({s[20:] for s in distinct}) == 1:
-        keys = dict(zip(map(_clf_key, distinct), distinct, strict=True))
+        keys = dict(zip(map(clf_order_key, distinct), distinct, strict=True))
         if None not in keys and len(keys) == len(distinct):
             first, last = parse_clf(keys[min(keys)]), parse_clf(keys[max(keys)])
             if first is not None and last is not None:
@@ -469,25 +457,16 @@ _NO_NUMBER = frozenset({"", "-", "null"})
 
 def _seconds(counted: Counter, strip: str = "", scale: int = 1) -> Counter | None:
     """{seconds: count} of a Counter of durations as written (each distinct one read once; "-", "null"
-    or nothing: none); None when one is no number."""
-    raws = list(counted)
-    texts = list(map(str.strip, raws, repeat(strip))) if strip else raws
-    kept = raws
-    if not _NO_NUMBER.isdisjoint(texts):
-        kept = [raw for raw, text in zip(raws, texts, strict=True) if text not in _NO_NUMBER]
-        texts = [text for text in texts if text not in _NO_NUMBER]
-    try:
-        values = list(map(float, texts))
-    except ValueError:
-        return None
-    if scale != 1:
-        values = list(map(truediv, values, repeat(scale)))
+    or nothing: none; two spellings of one number add up); None when one is no number."""
     out: Counter = Counter()
-    if len(set(values)) == len(values):
-        out.update(dict(zip(values, map(counted.__getitem__, kept), strict=True)))
-        return out
-    for value, raw in zip(values, kept, strict=True):  # (two spellings of one number)
-        out[value] += counted[raw]
+    for raw, num in counted.items():
+        text = raw.strip(strip) if strip else raw
+        if text in _NO_NUMBER:
+            continue
+        try:
+            out[float(text) / scale] += num
+        except ValueError:
+            return None
     return out
 
 

@@ -64,6 +64,29 @@ def _vllm(rng, i, t):
     return f'(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - "GET /metrics HTTP/1.1" 200 OK'
 
 
+def _vllm_v0(rng, i, t):
+    """vLLM 0.6's stats line (metrics.py, Swapped and Pending, no hit rate), a deep queue and a swap later."""
+    if i % 40 == 2:
+        head = f"(APIServer pid=1) INFO {t.strftime('%m-%d %H:%M:%S')} [metrics.py:540]"
+        return (f"{head} Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 72.7 tokens/s, Running: 32 "
+                f"reqs, Swapped: {3 if 5200 < i < 5300 else 0} reqs, Pending: {40 if i > 4000 else 0} reqs, GPU KV "
+                f"cache usage: {99.1 if i > 4000 else 38.5}%, CPU KV cache usage: 0.0%.")
+    return _vllm(rng, i, t) if i % 40 != 22 else _vllm(rng, i - 20, t)
+
+
+def _vllm_stats_only(rng, i, t):
+    """vLLM V1 without request logging: its stats lines alone tell the cache hit rate, which falls while
+    the KV cache has room."""
+    if i % 20 == 1:
+        rate = 61.5 if i < 3000 else 4.0 if i > 3600 else 30.0
+        if i == 1101:
+            rate = 72.5  # the peak
+        return (f"(APIServer pid=1) INFO {t.strftime('%m-%d %H:%M:%S')} [loggers.py:123] Engine 000: Avg prompt "
+                f"throughput: 900.0 tokens/s, Avg generation throughput: 400.0 tokens/s, Running: 8 reqs, Waiting: 0 "
+                f"reqs, GPU KV cache usage: 40.0%, Prefix cache hit rate: {rate}%")
+    return f'(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - "POST /v1/chat/completions HTTP/1.1" 200 OK'
+
+
 def _sglang(rng, i, t):
     stamp = f"[{t.strftime('%Y-%m-%d %H:%M:%S')}]"
     queue = 40 if 4000 <= i < 4100 else 0
@@ -111,7 +134,8 @@ def _engine(rng, i, t):
 
 
 FORMS = {"engine": (_engine, "engine-0.log"), "upstreaminfo": (_upstreaminfo, "access.log"), "nginx-kv": (_nginx_kv, "access.log"),
-         "vllm": (_vllm, "vllm.log"), "sglang": (_sglang, "sglang.log"), "envoy": (_envoy, "envoy.log"),
+         "vllm": (_vllm, "vllm.log"), "vllm-v0": (_vllm_v0, "vllm.log"), "vllm-stats-only": (_vllm_stats_only, "vllm.log"),
+         "sglang": (_sglang, "sglang.log"), "envoy": (_envoy, "envoy.log"),
          "envoy-one-order": (lambda rng, i, t: _envoy(rng, i, t, mixed=False), "envoy.log")}
 
 
@@ -218,20 +242,27 @@ def test_blocks_without_runs_are_read_line_by_line_for_a_while(tmp_path, monkeyp
 
 
 def test_stop_words_found_alike_with_and_without_hyperscan(monkeypatch):
-    """bulk.Words finds a word in raw[start:end] by Hyperscan where it is installed, by RE2 otherwise:
-    the same answer for words at the edges of the range, just outside it, and for no word at all."""
-    words = ["Loading weights", "#running-req", "haproxy[", "\x1b"]
-    text = b"xx Loading weights yy #running-req zz haproxy[ \x1b end"
-    ranges = [(0, len(text)), (3, 18), (4, 18), (3, 17), (19, 34), (23, 35), (37, 46), (47, 48), (46, 47), (0, 0), (48, 55)]
-    with_hs = bulk.Words(words)
+    """bulk.Words finds a stop word in raw[start:end] (-1), else counts the counted words, by Hyperscan
+    where it is installed, by RE2 and bytes.count otherwise: the same answer for words at the edges of the
+    range, just outside it, for counted words before and after a stop word, and for no word at all."""
+    words, counted = ["Loading weights", "#running-req", "haproxy[", "\x1b"], ("Avg prompt throughput",)
+    text = (b"xx Loading weights yy #running-req zz haproxy[ \x1b end Avg prompt throughput, Avg prompt "
+            b"throughputAvg prompt throughput.")
+    cut = text.index(b"end")
+    ranges = [(0, len(text)), (3, 18), (4, 18), (3, 17), (19, 34), (23, 35), (37, 46), (47, 48), (46, 47), (0, 0),
+              (48, 55), (cut, len(text)), (cut, len(text) - 2), (cut + 5, len(text)), (cut - 3, len(text))]
+    with_hs = bulk.Words(words, counted)
     with_hs.search(text, 0, 0)  # (compiled at the first search)
     monkeypatch.setattr(bulk, "hyperscan", None)
-    without = bulk.Words(words)
+    without = bulk.Words(words, counted)
     found = [[w.search(text, a, b) for a, b in ranges] for w in (with_hs, without)]
     assert with_hs.db is not None and without.re is not None and without.db is None
-    expected = [any(w.encode() in text[a:b] for w in words) for a, b in ranges]
-    assert found[0] == found[1] == expected and expected.count(True) == 5
-    assert not bulk.Words([]).search(text, 0, len(text)) and bulk.Words(["", "q"]).search(text, 0, 1)
+    expected = [-1 if any(w.encode() in text[a:b] for w in words) else text[a:b].count(counted[0].encode())
+                for a, b in ranges]
+    assert found[0] == found[1] == expected
+    assert expected.count(-1) == 6 and expected[-4:] == [3, 2, 2, -1]
+    assert bulk.Words([]).search(text, 0, len(text)) == 0 and bulk.Words(["", "q"]).search(text, 0, 1) == -1
+    assert bulk.Words([], counted).search(text, 0, len(text)) == 3
 
 
 def test_bulk_reading_without_hyperscan_gives_the_line_by_line_diagnosis(tmp_path, monkeypatch):

@@ -28,6 +28,7 @@ MAX_FRAMES = 60
 # no event a rule reads: test_triage_reading checks it on every file of the corpus.)
 DENSE, DENSE_BLOCKS = 0.9, 15
 _FINISHED = '"event":"request.finished"'  # (bulk.routine_finished's marker: the line's own event)
+_VLLM_FORMS = frozenset({"received", "vllm-stats"})  # scanned forms of vLLM's own log (Wanted.bulk_stop_vllm)
 MIN_RUN = 16  # routine lines in a row read in bulk (fewer: line by line, as cheap)
 # After RUNLESS_BLOCKS blocks in a row with no run read in bulk (this engine's JSON log: no line of a
 # routine form), the next RUNLESS_SKIP blocks are not searched for runs, then searched again: the search
@@ -142,7 +143,8 @@ class FileParser:
             return self.candidates(first, block)
         out: list = []
         search, count = runs.search, raw.count
-        stop, stop_prompts = self.wanted.bulk_stop.search, self.wanted.bulk_stop_prompts.search
+        wanted = self.wanted
+        stop, stop_prompts, stop_vllm = wanted.bulk_stop.search, wanted.bulk_stop_prompts.search, wanted.bulk_stop_vllm.search
         pos = gap = 0  # gap: where the lines not yet handed start
         gap_line = first  # the line number before gap
         while (span := search(raw, pos)) is not None:
@@ -160,10 +162,15 @@ class FileParser:
             if totals is None:
                 continue
             scanned = bulk.SCANNED.intersection(run.found)
-            if scanned and (stop if scanned - {"received"} else stop_prompts)(raw, start, end):
-                continue  # a line of it may be read otherwise: line by line
-            if "received" in scanned and scanned != {"received"} and run.text.has("#running-req"):
-                continue  # (a prompt the per-line reading takes for a stats line: not among those stop words)
+            if scanned:
+                vllm = scanned <= _VLLM_FORMS
+                words = (stop_prompts if scanned == {"received"} else stop_vllm) if vllm else stop
+                # a line of it that may be read otherwise (line by line), or vLLM's stats words in another
+                # line than a stats line
+                if words(raw, start, end) != bulk.rows_of(totals, "vllm-stats"):
+                    continue
+                if not vllm and "received" in scanned and run.text.has("#running-req"):
+                    continue  # (a prompt the per-line reading takes for a stats line: not among those stop words)
             if gap < start:
                 out.extend(self.candidates(gap_line, block[gap:start]))
             out.extend(totals)

@@ -26,6 +26,7 @@ except ImportError:  # (a platform without its wheel: RE2 finds the same words, 
     hyperscan = None
 
 from triage.model import Event
+from triage.parsers.text_logs import vllm_stats
 from triage.timeparse import clf_order_key, parse_clf, parse_iso, parse_md_hms
 
 TOTALS = ".totals"
@@ -67,6 +68,12 @@ _FORMS: dict[str, tuple[str, str, str]] = {  # name -> (kind, source, one whole 
     "received": ("request.received", "vllm",
                  r"\([\w.-]+ pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\]? ?"
                  r"Received request [^\s:]+:? prompt: ['\"][^\n]*"),
+    # vLLM V1's periodic stats line: "Engine 000: Avg prompt throughput: ... Running: 8 reqs, Waiting: 0 reqs, ..."
+    # (V0's "Running: N reqs, Swapped: N reqs, ..." holds a catalog keyword: read line by line)
+    "vllm-stats": ("engine.stats", "vllm",
+                   r"\([\w.-]+ pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\]? ?"
+                   r"(?:Engine \d+: |\d+ Engines Aggregated: )?Avg prompt throughput: [\d.]+ tokens/s, Avg generation "
+                   r"throughput: [\d.]+ tokens/s, Running: \d+ reqs, Waiting: \d+ reqs[^\n]*"),
     # SGLang's scheduler: "[<time>] Prefill batch, ..." / "Decode batch, ..."
     "sglang-batch": ("engine.stats", "sglang",
                      r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]\n]*\] (?:Prefill|Decode) batch, [^\n]*"),
@@ -90,6 +97,9 @@ _EXTRACT = {
     # (a line of the form holds each at least once, so a count that adds up holds each exactly once)
     "nginx-kv": [re.compile(r" (?:rt|request_time)=(\S+)"), re.compile(r'\[([^\]]*)\] "')],
     "received": [re.compile(r" prompt: ([^\n]*)"), re.compile(r"\) INFO (\d\d-\d\d \d\d:\d\d:\d\d)")],
+    # a form read from the lines that hold a literal (each once), each line by the per-line reading's own
+    # field patterns: a few a run
+    "vllm-stats": "Avg prompt throughput",
     "sglang-batch": re.compile(r"\n\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (?:Prefill|Decode) batch, "),
     # forms counted by literals each of their lines holds (a line of another form holding one too makes
     # more rows than lines: the run is read line by line)
@@ -97,7 +107,10 @@ _EXTRACT = {
     "sglang-uvicorn": ("] INFO: ",),
     "envoy-json": ('"response_code":',),
 }
-SCANNED = frozenset({"received", "sglang-batch", "sglang-uvicorn"})  # forms whose lines the per-line
+# Forms whose later columns are read outside the lines with a literal: lines of another form in the run
+# that hold them too (vLLM's stats line has the time column of a logged prompt's line)
+_OUTSIDE = {"received": "Avg prompt throughput"}
+SCANNED = frozenset({"received", "vllm-stats", "sglang-batch", "sglang-uvicorn"})  # forms whose lines the per-line
 # reading scans for catalog keywords and phase words: a run with them is searched for those words
 _ENVOY_KEYS = ("start_time", "duration", "upstream_host", "downstream_remote_address",
                "x_forwarded_for", "event", "logger", "ttft_s")
@@ -156,6 +169,19 @@ class RunText:
             self.pieces = (("\n" + block[:cut + 1], 0, cut + 2, -1), (block, cut, hi, 1))
         # literals never span a line's end, so the first line's own "\n" is left to the block piece
         self.literal_pieces = self.pieces if lo else ((self.pieces[0][0], 0, cut + 1, -1), self.pieces[1])
+        self.marks: dict[str, list[int]] = {}  # lines_with(), by literal
+
+    def lines_with(self, literal: str) -> list[int]:
+        """Where each line that holds literal starts in the block, in order, once for each time it holds it."""
+        found = self.marks.get(literal)
+        if found is None:
+            block, hi = self.block, self.hi
+            found = self.marks[literal] = []
+            at = block.find(literal, self.lo, hi)
+            while at >= 0:
+                found.append(block.rfind("\n", 0, at) + 1)
+                at = block.find(literal, at + 1, hi)
+        return found
 
     def has(self, literal: str) -> bool:
         return any(text.find(literal, a, b) >= 0 for text, a, b, _ in self.literal_pieces)
@@ -172,12 +198,24 @@ class RunText:
         found.extend(pattern.findall(block, c, d))
         return found
 
+    def findall_outside(self, pattern: re.Pattern, literal: str) -> list:
+        """findall over the run's lines that do not hold literal (a pattern without "\n")."""
+        block, pos, hi, out = self.block, self.lo, self.hi, []
+        for start in self.lines_with(literal):
+            if start >= pos:
+                out.extend(pattern.findall(block, pos, start))
+                pos = block.find("\n", start, hi) + 1
+        out.extend(pattern.findall(block, pos, hi))
+        return out
+
     def first_line(self) -> str:
         return self.block[self.lo:self.block.find("\n", self.lo)]
 
     def line_starts(self, extract) -> list[int]:
         """Where each row's line of a form starts in the block."""
         out: list[int] = []
+        if type(extract) is str:
+            return self.lines_with(extract)
         for text, a, b, shift in self.pieces:
             shift = shift if shift > 0 else 0  # (the first piece's "\n" put before stands at the block's -1)
             if type(extract) is list:  # (the first column's literal is in the line: the "\n" before it starts it)
@@ -217,9 +255,12 @@ class Run:
         return self.event_of(*self.line(form, row))
 
 
-def _rows(extract, text: RunText) -> list | tuple | int | None:
+def _rows(name: str, text: RunText) -> list | tuple | int | None:
     """The form's rows in text: a list of matches, a tuple of columns (a form read one findall a field),
     a count (a form counted by literals); None when its columns disagree."""
+    extract = _EXTRACT[name]
+    if type(extract) is str:
+        return len(text.lines_with(extract))
     if type(extract) is tuple:
         return sum(map(text.count, extract))
     if type(extract) is not list:
@@ -227,7 +268,9 @@ def _rows(extract, text: RunText) -> list | tuple | int | None:
     first = text.findall(extract[0])
     if not first:
         return first
-    columns = [first, *(text.findall(pattern) for pattern in extract[1:])]
+    outside = _OUTSIDE.get(name)
+    columns = [first, *(text.findall_outside(pattern, outside) if outside and text.has(outside) else text.findall(pattern)
+                        for pattern in extract[1:])]
     if any(len(column) != len(first) for column in columns):
         return None
     return tuple(columns)
@@ -272,9 +315,10 @@ def summarise(run: Run, names: list[str], nlines: int) -> list[Event] | None:
     for name in names:
         if accounted == nlines:
             break
-        if not text.has(_MARK[name]):
+        mark = _MARK.get(name)  # (a form read from the lines with a literal: none)
+        if mark is not None and not text.has(mark):
             continue
-        rows = _rows(_EXTRACT[name], text)
+        rows = _rows(name, text)
         if rows is None:
             return None
         if not rows:
@@ -294,6 +338,11 @@ def summarise(run: Run, names: list[str], nlines: int) -> list[Event] | None:
         names[:] = found + [n for n in names if n not in found]
     run.found = found
     return out
+
+
+def rows_of(totals: list[Event], form: str) -> int:
+    """The lines of a form among a run's totals events."""
+    return sum(ev.fields["count"] for ev in totals if ev.fields["form"] == form)
 
 
 def _totals(run: Run, form: str, count: int, first_ts, last_ts, fields: dict) -> Event:
@@ -350,6 +399,31 @@ def _sglang(run: Run, form: str, rows: list, text: RunText) -> Event | None:
         columns[key] = list(map(converted.__getitem__, values))
     first, last = min(rows), max(rows)  # "YYYY-MM-DD HH:MM:SS" sorts as it reads
     return _totals(run, form, len(rows), parse_iso(first), parse_iso(last), {"columns": columns})
+
+
+_VLLM_STAMP = ") INFO "
+
+
+def _vllm_stats(run: Run, form: str, rows: int, text: RunText) -> Event | None:
+    """vLLM's stats lines (a few a run): each read by the per-line reading's own field patterns, as columns
+    (a line with fields another lacks: line by line). (A logged prompt with the words: FileParser._pieces
+    counts them.)"""
+    block = text.block
+    starts = run.starts[form] = text.lines_with(_EXTRACT[form])
+    if len(set(starts)) != rows:
+        return None  # the words twice in a line
+    lines = [block[at:block.find("\n", at)] for at in starts]
+    fields = list(map(vllm_stats, lines))
+    keys = fields[0].keys()
+    if any(f.keys() != keys for f in fields):
+        return None
+    stamps = []
+    for line in lines:
+        at = line.find(_VLLM_STAMP) + len(_VLLM_STAMP)
+        stamps.append(line[at:at + 14])
+    columns = {key: [f[key] for f in fields] for key in keys}
+    first, last = min(stamps), max(stamps)  # "MM-DD HH:MM:SS" sorts as it reads
+    return _totals(run, form, rows, _md_hms(first), _md_hms(last), {"columns": columns})
 
 
 def _uvicorn(run: Run, form: str, rows: int, text: RunText) -> Event:
@@ -476,59 +550,73 @@ def _client(raw: str) -> str | None:
     return raw.strip('"').rsplit(":", 1)[0]
 
 
-_SUMMARISE = {"upstreaminfo": _upstreaminfo, "nginx-kv": _nginx_kv, "received": _received,
+_SUMMARISE = {"upstreaminfo": _upstreaminfo, "nginx-kv": _nginx_kv, "received": _received, "vllm-stats": _vllm_stats,
               "sglang-batch": _sglang, "uvicorn": _uvicorn, "sglang-uvicorn": _nothing, "envoy-json": _envoy}
 
 
-def stop_words(prompts: bool = False) -> list[str]:
+STATS_WORDS = "Avg prompt throughput"  # vLLM's stats line: counted by the stop-word scan, never a stop
+
+
+def stop_words(prompts: bool = False, vllm: bool = False) -> list[str]:
     """Literals that send a run of logged prompts or SGLang lines back to the line-by-line reading (an
     access line's reading never looks for them): what makes that reading take such a line for something
-    else (a stats line's words among them); prompts: for logged prompts alone (their reading never looks
-    for a CUDA version, and a prompt with a stats line's "#running-req" is read as one)."""
+    else; prompts: for logged prompts alone (their reading never looks for a CUDA version); prompts or
+    vllm (logged prompts and vLLM's stats lines): a prompt with SGLang's stats words is read as one.
+    (vLLM's stats words, STATS_WORDS, are counted instead: FileParser._pieces.)"""
     tricky = [t.decode() for t in (_TRICKY[:3] if prompts else _TRICKY)]
-    return [*tricky, "Avg prompt throughput", *(("#running-req",) if prompts else ())]
+    return [*tricky, *(("#running-req",) if prompts or vllm else ())]
 
 
 class Words:
-    """Whether any of some literals occurs in raw[start:end] (bytes). Hyperscan's literal matcher runs at
-    about 1.9 GB/s over the bench's logs where RE2's DFA runs at about 0.5; without Hyperscan, RE2."""
+    """How often some literals (counted) occur in raw[start:end] (bytes), or -1 where any of others (words)
+    does. Hyperscan's literal matcher runs at about 1.9 GB/s over the bench's logs where RE2's DFA runs at
+    about 0.5; without Hyperscan, RE2 (and bytes.count for the counted)."""
 
-    def __init__(self, words: list[str]):
+    def __init__(self, words: list[str], counted: tuple[str, ...] = ()):
         self.words = sorted(set(words))
+        self.counted = sorted(set(counted) - set(self.words) - {""})
         self.always = "" in self.words  # (an empty word is in every text, as RE2's empty alternative matches)
         self.db = self.re = None
-        self.compiled = not self.words or self.always
+        self.compiled = not (self.words or self.counted) or self.always
 
     def _compile(self) -> None:
         """At the first search (a catalog's few hundred words take Hyperscan about 15 ms)."""
         self.compiled = True
-        words = self.words
+        words, counted = self.words, self.counted
         if hyperscan is not None:
             self.terminated = hyperscan.ScanTerminated
             self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            self.db.compile(expressions=[w.encode() for w in words], ids=list(range(len(words))),
-                            elements=len(words), flags=hyperscan.HS_FLAG_SINGLEMATCH, literal=True)
-        else:
+            every = words + counted  # (a stop word's id below len(words): its first match ends the scan)
+            flags = [hyperscan.HS_FLAG_SINGLEMATCH] * len(words) + [0] * len(counted)
+            self.db.compile(expressions=[w.encode() for w in every], ids=list(range(len(every))),
+                            elements=len(every), flags=flags, literal=True)
+        elif words:
             options = re2.Options()
             options.max_mem = 64 << 20
             self.re = re2.compile("|".join(map(re.escape, words)).encode(), options)
 
-    def search(self, raw: bytes, start: int, end: int) -> bool:
+    def search(self, raw: bytes, start: int, end: int) -> int:
         if not self.compiled:
             self._compile()
+        if self.always:
+            return -1
         if self.db is not None:
+            found = [len(self.words)]  # (the first counted id, then each counted match)
             try:
-                self.db.scan(memoryview(raw)[start:end], match_event_handler=_stop_scan)
+                self.db.scan(memoryview(raw)[start:end], match_event_handler=_on_word, context=found)
             except self.terminated:
-                return True
-            return False
-        if self.re is not None:
-            return self.re.search(raw, start, end) is not None
-        return self.always
+                return -1
+            return len(found) - 1
+        if self.re is not None and self.re.search(raw, start, end) is not None:
+            return -1
+        return sum(raw.count(w.encode(), start, end) for w in self.counted)
 
 
-def _stop_scan(*_) -> bool:
-    return True  # the first word found ends the scan (Hyperscan raises ScanTerminated)
+def _on_word(word: int, _start, _end, _flags, found: list) -> bool:
+    if word < found[0]:
+        return True  # a stop word ends the scan (Hyperscan raises ScanTerminated)
+    found.append(word)
+    return False
 
 
 _FINISHED_EVENT = '"event":"request.finished"'

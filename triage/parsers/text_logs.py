@@ -170,12 +170,17 @@ def _stats(msg: str, table) -> dict:
     return out
 
 
+def vllm_stats(msg: str) -> dict:
+    """The fields of vLLM's stats line ("Avg prompt throughput: ..."), those it has."""
+    return _stats(msg, _STATS_FIELDS)
+
+
 def engine_text_events(msg: str, phase: bool = True) -> list[tuple[str, dict]]:
     """Engine semantics of a text message: stats lines, start-up phases, request lifecycle. phase False:
     the line is known to hold no phase marker word (its block was scanned for them)."""
     out: list[tuple[str, dict]] = []
     if "Avg prompt throughput" in msg:
-        out.append(("engine.stats", _stats(msg, _STATS_FIELDS)))
+        out.append(("engine.stats", vllm_stats(msg)))
     elif "batch" in msg and "#running-req" in msg:
         fields = _stats(msg, _SGL_STATS)
         if "new_tokens" in fields and "prefix_hit_tokens" in fields:

@@ -77,9 +77,15 @@ class Wanted:
         self.finished_literal = self.bulk_finished and '"request.finished"' in literals
         # a run with one of these anywhere is read line by line: catalog keywords, phase words, and what
         # makes the per-line reading take a routine-looking line for something else
-        self.bulk_stop = bulk.Words([*catalog_words, *text_logs.PHASE_WORDS, *bulk.stop_words()])
+        # makes the per-line reading take a routine-looking line for something else; each counts vLLM's
+        # stats words (a line with them is read as a stats line: as many as the run has stats lines)
+        counted = (bulk.STATS_WORDS,)
+        self.bulk_stop = bulk.Words([*catalog_words, *text_logs.PHASE_WORDS, *bulk.stop_words()], counted)
         # logged prompts alone: their reading looks for phase words, never for catalog keywords
-        self.bulk_stop_prompts = bulk.Words([*text_logs.PHASE_WORDS, *bulk.stop_words(prompts=True)])
+        self.bulk_stop_prompts = bulk.Words([*text_logs.PHASE_WORDS, *bulk.stop_words(prompts=True)], counted)
+        # logged prompts and vLLM's stats lines
+        self.bulk_stop_vllm = bulk.Words([*catalog_words, *text_logs.PHASE_WORDS, *bulk.stop_words(vllm=True)],
+                                         counted)
 
     def takes(self, kind: str, source: str | None) -> bool:
         """Whether any rule reads events of kind from source (None: some source)."""

@@ -2,10 +2,12 @@
 
 import re
 from collections import Counter, deque
+from collections.abc import Callable
+from functools import cache, partial
 from itertools import repeat, starmap
 
 from triage.model import Event, Finding
-from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of, totals_rows
+from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of
 from triage.rules import cache_text as T
 
 MAX_KEYS = 20_000  # bounded memory: when full, keys seen only once are dropped
@@ -71,8 +73,11 @@ class CacheRule(Rule):
         self.stats_high: list[float] = []
         self.stats_low: list[float] = []
         self.stats_events: list[Event] = []
-        self.stats_peak: Event | None = None  # the highest hit rate while the KV cache had room, and the last
-        self.stats_last: Event | None = None
+        # the highest hit rate while the KV cache had room, and the last: their events, or for rows read in
+        # bulk what makes the event (findings() makes it: most are passed by)
+        self.stats_peak: Event | Callable[[], Event | None] | None = None
+        self.stats_peak_rate = 0.0
+        self.stats_last: Event | Callable[[], Event | None] | None = None
         self.metric_queries = self.metric_hits = self.metric_prompt = 0.0
         self.text_prefixes: dict[str, dict[str, Event]] = {}
         # whether a prompt's head holds an id or a time, by head: logged prompts repeat a few system
@@ -99,10 +104,14 @@ class CacheRule(Rule):
             self._route(client or "-", upstream, lambda row=row: make(row))
 
     def _stats_totals(self, ev: Event) -> None:
+        """What _stats does for each row, a row's event made only where it is kept."""
         cols = ev.fields["columns"]
-        if "prefix_hit_rate" in cols and "kv_usage" in cols:  # (else _stats reads nothing of them)
-            for row in totals_rows(ev, range(ev.fields["count"])):
-                self._stats(row)
+        rates, kvs = cols.get("prefix_hit_rate"), cols.get("kv_usage")
+        if rates is None or kvs is None:
+            return  # (_stats reads nothing of such rows)
+        make = ev.fields["event"]
+        for row, rate, kv in zip(range(len(rates)), rates, kvs, strict=True):
+            self._stat(rate, kv, cache(partial(make, row)))
 
     def _received_totals(self, ev: Event) -> None:
         """Each distinct logged prompt once, first seen first (a repeat changes nothing _prompt_text keeps)."""
@@ -207,15 +216,20 @@ class CacheRule(Rule):
     def _stats(self, ev: Event) -> None:
         f = ev.fields
         rate, kv = f.get("prefix_hit_rate"), f.get("kv_usage")
-        if rate is None or kv is None:
-            return
+        if rate is not None and kv is not None:
+            self._stat(rate, kv, ev)
+
+    def _stat(self, rate: float, kv: float, ev) -> None:
+        """One stats line's hit rate and KV cache usage; ev: its event, or what makes it (memoised)."""
         (self.stats_high if kv >= 0.9 else self.stats_low).append(rate)
         if kv < 0.9:
-            if self.stats_peak is None or rate > self.stats_peak.fields["prefix_hit_rate"]:
-                self.stats_peak = ev
+            if self.stats_peak is None or rate > self.stats_peak_rate:
+                self.stats_peak, self.stats_peak_rate = ev, rate
             self.stats_last = ev
         if kv >= 0.9 and len(self.stats_events) < 50:
-            self.stats_events.append(ev)
+            made = ev if isinstance(ev, Event) else ev()
+            if made is not None:
+                self.stats_events.append(made)
 
     def _metric(self, ev: Event) -> None:
         f = ev.fields
@@ -269,6 +283,10 @@ class CacheRule(Rule):
         return sum(rates) / len(rates) if rates else None
 
     def findings(self, facts: Facts) -> list[Finding]:
+        if callable(self.stats_peak):
+            self.stats_peak = self.stats_peak()
+        if callable(self.stats_last):
+            self.stats_last = self.stats_last()  # (the same row as the peak: the same event)
         out = []
         for cause in ("disabled", "dynamic-prefix", "eviction", "routing", "short-prompts"):
             finding = getattr(T, "finding_" + cause.replace("-", "_"))(self, self.cands[cause])

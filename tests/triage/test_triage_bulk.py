@@ -305,6 +305,8 @@ def test_durations_are_read_once_per_distinct_value_and_added_up():
         == Counter({0.9: 2, 1.2: 1})
     assert bulk._seconds(Counter({"0.5": 1, "1.2.3": 1})) is None
     assert bulk._seconds(Counter()) == Counter()
+    assert bulk._seconds(Counter({"-": 2, "0.5": 1})) == Counter({0.5: 1})  # (no None among the keys)
+    assert bulk._seconds(Counter({"0.912": 1, "2": 1})) == Counter({0.912: 1, 2.0: 1})  # (read before: the same)
 
 
 def test_first_rows_of_few_and_of_many_distinct_values():

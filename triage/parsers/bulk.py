@@ -529,18 +529,41 @@ def _first_rows(values: list) -> dict:
 _NO_NUMBER = frozenset({"", "-", "null"})
 
 
+class _Durations(dict):
+    """A duration as written -> its seconds (None: "-", "null" or nothing), each spelling read once a
+    process (a log repeats a few hundred): ValueError for one that is no number."""
+
+    def __init__(self, strip: str, scale: int):
+        super().__init__()
+        self.strip, self.scale = strip, scale
+
+    def __missing__(self, raw: str) -> float | None:
+        text = raw.strip(self.strip) if self.strip else raw
+        value = None if text in _NO_NUMBER else float(text) / self.scale
+        if len(self) < 65536:
+            self[raw] = value
+        return value
+
+
+_DURATIONS: dict[tuple[str, int], _Durations] = {}
+
+
 def _seconds(counted: Counter, strip: str = "", scale: int = 1) -> Counter | None:
-    """{seconds: count} of a Counter of durations as written (each distinct one read once; "-", "null"
-    or nothing: none; two spellings of one number add up); None when one is no number."""
-    out: Counter = Counter()
-    for raw, num in counted.items():
-        text = raw.strip(strip) if strip else raw
-        if text in _NO_NUMBER:
-            continue
-        try:
-            out[float(text) / scale] += num
-        except ValueError:
-            return None
+    """{seconds: count} of a Counter of durations as written ("-", "null" or nothing: none; two spellings
+    of one number add up); None when one is no number."""
+    seconds = _DURATIONS.get((strip, scale))
+    if seconds is None:
+        seconds = _DURATIONS[(strip, scale)] = _Durations(strip, scale)
+    try:
+        values = list(map(seconds.__getitem__, counted))
+    except ValueError:
+        return None
+    out = Counter(dict(zip(values, counted.values(), strict=True)))
+    if len(out) != len(counted) or None in out:  # (two spellings of one number, or none: one by one)
+        out = Counter()
+        for value, num in zip(values, counted.values(), strict=True):
+            if value is not None:
+                out[value] += num
     return out
 
 

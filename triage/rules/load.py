@@ -75,15 +75,19 @@ class LoadRule(Rule):
             return
         if self.preempt:
             kv = cols.get("kv_usage") or ()
-            for row in totals_rows(ev, [i for i, v in enumerate(kv) if v >= KV_FULL]):
-                self.preempt.add(row, "stats.kv_usage_high", False)
+            if kv and max(kv) >= KV_FULL:  # (the rows past it only where one is: most runs have none)
+                for row in totals_rows(ev, [i for i, v in enumerate(kv) if v >= KV_FULL]):
+                    self.preempt.add(row, "stats.kv_usage_high", False)
         waiting = cols.get("waiting") or ()
-        if waiting:
-            self.max_waiting = max(self.max_waiting, max(waiting))
-        deep = [i for i, v in enumerate(waiting) if v >= 4]
-        self.num_waiting_obs += len(deep)
-        for row in totals_rows(ev, deep):
-            self.queue.add(row, "stats.waiting", False)
+        if not waiting:
+            return
+        most = max(waiting)
+        self.max_waiting = max(self.max_waiting, most)
+        if most >= 4:
+            deep = [i for i, v in enumerate(waiting) if v >= 4]
+            self.num_waiting_obs += len(deep)
+            for row in totals_rows(ev, deep):
+                self.queue.add(row, "stats.waiting", False)
 
     def _access(self, ev: Event) -> None:
         self.num_access += 1

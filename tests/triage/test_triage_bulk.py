@@ -136,7 +136,8 @@ def _engine(rng, i, t):
 FORMS = {"engine": (_engine, "engine-0.log"), "upstreaminfo": (_upstreaminfo, "access.log"), "nginx-kv": (_nginx_kv, "access.log"),
          "vllm": (_vllm, "vllm.log"), "vllm-v0": (_vllm_v0, "vllm.log"), "vllm-stats-only": (_vllm_stats_only, "vllm.log"),
          "sglang": (_sglang, "sglang.log"), "envoy": (_envoy, "envoy.log"),
-         "envoy-one-order": (lambda rng, i, t: _envoy(rng, i, t, mixed=False), "envoy.log")}
+         "envoy-one-order": (lambda rng, i, t: _envoy(rng, i, t, mixed=False), "envoy.log"),
+         "envoy-offset": (lambda rng, i, t: _envoy(rng, i, t, mixed=False).replace('Z"', '+01:00"'), "envoy.log")}
 
 
 def _write(folder, name):

@@ -100,7 +100,9 @@ _EXTRACT = {
     # a form read from the lines that hold a literal (each once), each line by the per-line reading's own
     # field patterns: a few a run
     "vllm-stats": "Avg prompt throughput",
-    "sglang-batch": re.compile(r"\n\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (?:Prefill|Decode) batch, "),
+    # (its first bracket whole: each line of the form starts with its time there; a line of another form
+    # that matches adds a row: the run's count does not add up)
+    "sglang-batch": re.compile(r"\n\[([^\]]*)\] (?:Prefill|Decode) batch, "),
     # forms counted by literals each of their lines holds (a line of another form holding one too makes
     # more rows than lines: the run is read line by line)
     "uvicorn": ("INFO: ",),  # (once a line of the form; in SGLang's too: a run with both is read line by line)
@@ -387,7 +389,7 @@ def _received(run: Run, form: str, rows: tuple, text: RunText) -> Event | None:
 
 
 def _sglang(run: Run, form: str, rows: list, text: RunText) -> Event | None:
-    # ("Avg prompt throughput" in a line of the run: found by the stop words, FileParser._pieces)
+    # ("Avg prompt throughput" in a line of the run: the stop-word scan counts it, FileParser._pieces)
     if text.count("#running-req: ") != len(rows):
         return None  # (what makes a batch line a stats line)
     columns = {}
@@ -397,7 +399,7 @@ def _sglang(run: Run, form: str, rows: list, text: RunText) -> Event | None:
             return None  # a field missing from a line, or in one twice: line by line
         converted = {value: conv(value) for value in set(values)}  # (a few distinct values, read once each)
         columns[key] = list(map(converted.__getitem__, values))
-    first, last = min(rows), max(rows)  # "YYYY-MM-DD HH:MM:SS" sorts as it reads
+    first, last = min(rows)[:19], max(rows)[:19]  # "YYYY-MM-DD HH:MM:SS" (first) sorts as it reads
     return _totals(run, form, len(rows), parse_iso(first), parse_iso(last), {"columns": columns})
 
 
@@ -439,30 +441,34 @@ def _nothing(run: Run, form: str, rows: int, text: RunText) -> bool:
 # character, which Python's re skips at memchr-like speed; the line's last value then gives back what it
 # took past its brace: the pattern ends in the brace before the line's end)
 _JSON_VALUE = r'"[^"]*"|[^,]*'
-_KEYED: dict[tuple, re.Pattern | None] = {}  # a key order -> the regex of a line with exactly those keys
+_KEYED: dict[tuple, re.Pattern | None] = {}  # (a key order, utc) -> the regex of a line with exactly those keys
+_UTC_TIME = r'"[^"]*Z"'  # (a start_time in UTC, "...Z": ISO times of one length then sort as they read)
 _KEYS = re.compile(r'"([\w.-]+)":')
 
 
-def _keyed(keys: tuple) -> re.Pattern | None:
+def _keyed(keys: tuple, utc: bool) -> re.Pattern | None:
     """One findall for every Envoy line with exactly these keys in this order: the values the bulk
-    reading takes as groups (None for a key order with a key twice or one another reading takes)."""
-    if keys in _KEYED:
-        return _KEYED[keys]
+    reading takes as groups (None for a key order with a key twice or one another reading takes); utc:
+    its start_time a string that ends in "Z" (else the line is not matched)."""
+    if (keys, utc) in _KEYED:
+        return _KEYED[keys, utc]
     pattern = None
     if len(set(keys)) == len(keys) and not {"event", "logger", "ttft_s"} & set(keys):
-        parts = [f'"{re.escape(k)}":' + (f"({_JSON_VALUE})" if k in _ENVOY_KEYS else f"(?:{_JSON_VALUE})")
-                 for k in keys]
+        parts = [f'"{re.escape(k)}":' + (f"({_UTC_TIME if utc and k == 'start_time' else _JSON_VALUE})"
+                                         if k in _ENVOY_KEYS else f"(?:{_JSON_VALUE})") for k in keys]
         pattern = re.compile(r"\n\{" + ",".join(parts) + r"\}(?=\n)")
     if len(_KEYED) < 64:
-        _KEYED[keys] = pattern
+        _KEYED[keys, utc] = pattern
     return pattern
 
 
-def _envoy_values(text: RunText, n: int) -> dict | None:
-    """{key: its value in each row} for the keys the bulk reading takes: one findall when every row has
-    the first row's keys in its order, else one findall a key."""
+def _envoy_values(text: RunText, n: int) -> tuple[dict, bool] | None:
+    """({key: its value in each row} for the keys the bulk reading takes, whether every start_time is a
+    string in UTC): one findall when every row has the first row's keys in its order (and a start_time in
+    UTC where the first has), else one findall a key."""
     first = text.first_line()
-    pattern = _keyed(tuple(_KEYS.findall(first))) if '"response_code":' in first else None
+    utc = '"start_time":' in first and re.search(r'"start_time":"[^"]*Z"', first) is not None
+    pattern = _keyed(tuple(_KEYS.findall(first)), utc) if '"response_code":' in first else None
     if pattern is not None:
         rows = text.findall(pattern)
         if len(rows) == n:
@@ -470,7 +476,7 @@ def _envoy_values(text: RunText, n: int) -> dict | None:
             columns = list(zip(*rows, strict=True)) if len(taken) > 1 else [rows] if taken else []
             values = {key: [] for key in _ENVOY_KEYS}
             values.update(zip(taken, map(list, columns), strict=True))
-            return values
+            return values, utc
     if text.count('"response_flags":') != n:
         return None  # a key twice in a line: line by line
     values = {}
@@ -481,20 +487,21 @@ def _envoy_values(text: RunText, n: int) -> dict | None:
         values[key] = found
     if values["event"] or values["logger"] or values["ttft_s"]:
         return None  # what the per-line reading would take for another format's JSON
-    return values
+    return values, False
 
 
 def _envoy(run: Run, form: str, rows: int, text: RunText) -> Event | None:
     n = rows  # each Envoy line has its response_code once (the run's other forms cannot hold it)
-    values = _envoy_values(text, n)
-    if values is None:
+    found = _envoy_values(text, n)
+    if found is None:
         return None
+    values, utc = found
     stamps = values["start_time"]
-    if stamps and not all(map(str.startswith, stamps, repeat('"'))):
+    if stamps and not utc and not all(map(str.startswith, stamps, repeat('"'))):
         return None  # a time that is no string: the per-line reading has none
     first = last = None
     if stamps:
-        if len(set(map(len, stamps))) == 1 and all(map(str.endswith, stamps, repeat('Z"'))):  # (_sortable)
+        if len(set(map(len, stamps))) == 1 and (utc or all(map(str.endswith, stamps, repeat('Z"')))):  # (_sortable)
             first, last = parse_iso(min(stamps)[1:-1]), parse_iso(max(stamps)[1:-1])
         else:
             first, last = _time_range([s[1:-1] for s in stamps], parse_iso)

@@ -1,7 +1,7 @@
 """Cut streams told apart: engine crash, gateway timeout, client disconnect, proxy buffering."""
 
 from collections import Counter
-from itertools import repeat
+from itertools import compress, repeat
 
 from triage.model import Event, Finding
 from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of
@@ -9,6 +9,20 @@ from triage.rules import stream_text as T
 
 SHUTDOWN_TAIL_S = 3.0  # disconnects this close to the end of a long log are the load stopping
 MAX_SAMPLES = 100_000
+
+
+class _Tenths(dict):
+    """A request time -> its tenth of a second where it is 1 s or more, else None: each distinct time
+    rounded once (a log repeats a few hundred)."""
+
+    def __missing__(self, value: float) -> float | None:
+        key = round(value, 1) if value >= 1.0 else None
+        if len(self) < 65536:
+            self[value] = key
+        return key
+
+
+_TENTHS = _Tenths()
 
 
 def median(values: list[float]) -> float | None:
@@ -149,11 +163,11 @@ class StreamRule(Rule):
         if ev.source == "engine-json":
             return
         counts = self.timeout_durations
-        for value, num in ev.fields["durations"].items():
-            if value >= 1.0:
-                key = round(value, 1)
-                if key in counts or len(counts) < 10_000:
-                    counts[key] = counts.get(key, 0) + num
+        durations = ev.fields["durations"]
+        keys = list(map(_TENTHS.__getitem__, durations))
+        for key, num in compress(zip(keys, durations.values(), strict=True), keys):  # (those of 1 s or more)
+            if key in counts or len(counts) < 10_000:
+                counts[key] = counts.get(key, 0) + num
 
     def _durations(self, durations: list[float]) -> None:
         """Request times of 1 s or more, by tenth of a second (at most 10,000 distinct), in order."""

@@ -155,6 +155,13 @@ class FileParser:
                 continue
             gap_lines = count(b"\n", gap, start)
             run = bulk.Run(self.file, gap_line + gap_lines, bulk.RunText(block, start, end), self._row_event)
+            hits = None
+            first_scan = self.forms[0] in _VLLM_FORMS  # (a vLLM log: scanned first, its stats lines found so)
+            if first_scan:
+                hits = stop_vllm(raw, start, end)
+                if hits is None:
+                    continue
+                run.text.marks[bulk.STATS_WORDS] = [block.rfind("\n", 0, at) + 1 for at in hits]
             try:
                 totals = bulk.summarise(run, self.forms, nlines)
             except (ValueError, IndexError, TypeError):  # a bug must cost the bulk path, never the diagnosis
@@ -164,10 +171,12 @@ class FileParser:
             scanned = bulk.SCANNED.intersection(run.found)
             if scanned:
                 vllm = scanned <= _VLLM_FORMS
-                words = (stop_prompts if scanned == {"received"} else stop_vllm) if vllm else stop
+                if not (first_scan and vllm):  # (stop_vllm holds stop_prompts' words)
+                    words = (stop_prompts if scanned == {"received"} else stop_vllm) if vllm else stop
+                    hits = words(raw, start, end)
                 # a line of it that may be read otherwise (line by line), or vLLM's stats words in another
                 # line than a stats line
-                if words(raw, start, end) != bulk.rows_of(totals, "vllm-stats"):
+                if hits is None or len(hits) != bulk.rows_of(totals, "vllm-stats"):
                     continue
                 if not vllm and "received" in scanned and run.text.has("#running-req"):
                     continue  # (a prompt the per-line reading takes for a stats line: not among those stop words)

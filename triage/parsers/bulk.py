@@ -74,9 +74,10 @@ _FORMS: dict[str, tuple[str, str, str]] = {  # name -> (kind, source, one whole 
                    r"\([\w.-]+ pid=\d+\) INFO \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w./-]+:\d+\]? ?"
                    r"(?:Engine \d+: |\d+ Engines Aggregated: )?Avg prompt throughput: [\d.]+ tokens/s, Avg generation "
                    r"throughput: [\d.]+ tokens/s, Running: \d+ reqs, Waiting: \d+ reqs[^\n]*"),
-    # SGLang's scheduler: "[<time>] Prefill batch, ..." / "Decode batch, ..."
+    # SGLang's scheduler: "[<time>] Prefill batch, ... #running-req: ..." / "Decode batch, ..." (the per-line
+    # reading takes a batch line for stats where it has "#running-req")
     "sglang-batch": ("engine.stats", "sglang",
-                     r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]\n]*\] (?:Prefill|Decode) batch, [^\n]*"),
+                     r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]\n]*\] (?:Prefill|Decode) batch, [^\n]*#running-req[^\n]*"),
     # uvicorn's access line (vLLM and SGLang API servers), "INFO:" within its first 32 characters
     "uvicorn": ("http.access", "uvicorn",
                 r'(?:\(\w{1,12} pid=\d{1,7}\) )?INFO: +[\d.:\[\]a-f]+ - "[A-Z]+ [^\s"\[]+ HTTP/[\d.]+" '
@@ -390,8 +391,6 @@ def _received(run: Run, form: str, rows: tuple, text: RunText) -> Event | None:
 
 def _sglang(run: Run, form: str, rows: list, text: RunText) -> Event | None:
     # ("Avg prompt throughput" in a line of the run: the stop-word scan counts it, FileParser._pieces)
-    if text.count("#running-req: ") != len(rows):
-        return None  # (what makes a batch line a stats line)
     columns = {}
     for key, pattern, conv in _SGL_COLUMNS:
         values = text.findall(pattern)
@@ -598,9 +597,9 @@ def stop_words(prompts: bool = False, vllm: bool = False) -> list[str]:
 
 
 class Words:
-    """How often some literals (counted) occur in raw[start:end] (bytes), or -1 where any of others (words)
-    does. Hyperscan's literal matcher runs at about 1.9 GB/s over the bench's logs where RE2's DFA runs at
-    about 0.5; without Hyperscan, RE2 (and bytes.count for the counted)."""
+    """Where some literals (counted) start in raw[start:end] (bytes), or None where any of others (words)
+    occurs. Hyperscan's literal matcher runs at about 1.9 GB/s over the bench's logs where RE2's DFA runs at
+    about 0.5; without Hyperscan, RE2 (and bytes.find for the counted)."""
 
     def __init__(self, words: list[str], counted: tuple[str, ...] = ()):
         self.words = sorted(set(words))
@@ -620,32 +619,42 @@ class Words:
             flags = [hyperscan.HS_FLAG_SINGLEMATCH] * len(words) + [0] * len(counted)
             self.db.compile(expressions=[w.encode() for w in every], ids=list(range(len(every))),
                             elements=len(every), flags=flags, literal=True)
+            self.lengths = [len(w) for w in every]
         elif words:
             options = re2.Options()
             options.max_mem = 64 << 20
             self.re = re2.compile("|".join(map(re.escape, words)).encode(), options)
 
-    def search(self, raw: bytes, start: int, end: int) -> int:
+    def search(self, raw: bytes, start: int, end: int) -> list[int] | None:
         if not self.compiled:
             self._compile()
         if self.always:
-            return -1
+            return None
         if self.db is not None:
-            found = [len(self.words)]  # (the first counted id, then each counted match)
+            found = [len(self.words)]  # (the first counted id, then each counted match: id, end)
             try:
                 self.db.scan(memoryview(raw)[start:end], match_event_handler=_on_word, context=found)
             except self.terminated:
-                return -1
-            return len(found) - 1
+                return None
+            lengths = self.lengths
+            return sorted(start + found[k + 1] - lengths[found[k]] for k in range(1, len(found), 2))
         if self.re is not None and self.re.search(raw, start, end) is not None:
-            return -1
-        return sum(raw.count(w.encode(), start, end) for w in self.counted)
+            return None
+        out = []
+        for word in self.counted:
+            word = word.encode()
+            at = raw.find(word, start, end)
+            while at >= 0:
+                out.append(at)
+                at = raw.find(word, at + len(word), end)
+        return sorted(out)
 
 
-def _on_word(word: int, _start, _end, _flags, found: list) -> bool:
+def _on_word(word: int, _start, end: int, _flags, found: list) -> bool:
     if word < found[0]:
         return True  # a stop word ends the scan (Hyperscan raises ScanTerminated)
     found.append(word)
+    found.append(end)
     return False
 
 

@@ -13,6 +13,7 @@ import gevent
 from gevent.lock import Semaphore
 from locust.runners import MasterRunner, WorkerRunner
 
+from loadgen.client import verify_from_environment
 from loadgen.clientlog import ClientLog, ClientLogError
 from loadgen.looplag import LoopLag
 from loadgen.options import ConfigError, LoadgenConfig, config_from_options
@@ -57,6 +58,7 @@ class LoadgenState:
         self.schedule = ArrivalSchedule(config.rate, random.Random(self.rng.random()), share=self._rate_share)
         self._resolve_lock = Semaphore()
         self._resolved = False
+        self.verify = verify_from_environment()  # as the run starts (None: sessions look before each request)
         self._dirty = False
         self._written = False
         self.worker_name = "local"
@@ -84,6 +86,11 @@ class LoadgenState:
         if isinstance(runner, WorkerRunner):  # users are spread evenly, so is the arrival rate
             return min(1.0, max(1, runner.user_count) / self.config.max_concurrency)
         return 1.0
+
+    @property
+    def resolved(self) -> bool:
+        """Whether `resolve` has succeeded (the server's model and lengths are known)."""
+        return self._resolved
 
     def resolve(self, host: str) -> None:
         """Model, max_model_len and tokens per word, once per process; ServerInfoError if unreachable."""

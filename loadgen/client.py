@@ -217,7 +217,8 @@ def verify_from_environment() -> bool | str | None:
 def read_environment_once(session: requests.Session, verify: bool | str | None) -> None:
     """A session that sends the requests it would send looking in the environment before each (its
     `trust_env`), without looking: given `verify_from_environment()` read as the run starts (None:
-    the session keeps looking)."""
+    the session keeps looking). (For requests that leave `verify` unset, as loadgen's do: requests
+    also puts the CA bundle variable in place of an explicit `verify=True`.)"""
     if verify is None:
         return
     session.trust_env = False

@@ -172,3 +172,75 @@ def test_under_gevent_the_quick_check_hands_the_loop_to_no_other_greenlet():
     assert out.returncode == 0, out.stderr
     quick, urllib3_own = eval(out.stdout.strip())
     assert quick == 0 and urllib3_own >= 1
+
+
+ENVIRONMENT_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+                         "ALL_PROXY", "NO_PROXY", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NETRC")
+
+
+@pytest.fixture
+def bare_environment(monkeypatch, tmp_path):
+    """No proxy, CA bundle or NETRC variable, and a home without .netrc files."""
+    import os
+
+    for name in [*ENVIRONMENT_VARIABLES, *(n for n in os.environ if n.lower().endswith("_proxy"))]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_verify_from_environment_reads_what_requests_reads(bare_environment, monkeypatch):
+    from loadgen.client import verify_from_environment
+
+    assert verify_from_environment() is True
+    monkeypatch.setenv("CURL_CA_BUNDLE", "/curl.pem")
+    assert verify_from_environment() == "/curl.pem"
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/requests.pem")  # requests reads it first
+    assert verify_from_environment() == "/requests.pem"
+    monkeypatch.setenv("no_proxy", "example.com")  # a proxy setting: requests looks per URL
+    assert verify_from_environment() is None
+    monkeypatch.delenv("no_proxy")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    assert verify_from_environment() is None
+    monkeypatch.delenv("HTTPS_PROXY")
+    (bare_environment / ".netrc").write_text("machine example.com login a password b\n")
+    assert verify_from_environment() is None
+    (bare_environment / ".netrc").unlink()
+    monkeypatch.setenv("NETRC", str(bare_environment / "elsewhere"))  # NETRC names the one file looked at
+    assert verify_from_environment() == "/requests.pem"
+    (bare_environment / "elsewhere").write_text("machine example.com login a password b\n")
+    assert verify_from_environment() is None
+
+
+@pytest.mark.parametrize("bundle", [None, "/requests.pem"])
+def test_a_session_reading_the_environment_once_sends_what_one_looking_each_time_sends(bare_environment,
+                                                                                       monkeypatch, bundle):
+    import requests
+
+    from loadgen.client import read_environment_once, verify_from_environment
+
+    if bundle is not None:
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", bundle)
+    url = "http://127.0.0.1:8000/v1/chat/completions"
+    looking, once = user_session("http://127.0.0.1:8000"), user_session("http://127.0.0.1:8000")
+    read_environment_once(once, verify_from_environment())
+    assert (looking.trust_env, once.trust_env) == (True, False)
+    for verify in (None, False, "/mine.pem"):  # (loadgen's requests set none: None)
+        assert (once.merge_environment_settings(url, {}, None, verify, None)
+                == looking.merge_environment_settings(url, {}, None, verify, None))
+    plain_looking, plain_once = requests.Session(), requests.Session()
+    read_environment_once(plain_once, verify_from_environment())
+    request = requests.Request("POST", url, json={"a": 1}, headers={"x-request-id": "r"})
+    a, b = plain_looking.prepare_request(request), plain_once.prepare_request(request)
+    assert (a.url, a.headers, a.body) == (b.url, b.headers, b.body)
+
+
+def test_a_session_keeps_looking_where_the_environment_depends_on_the_url(bare_environment, monkeypatch):
+    from loadgen.client import read_environment_once, verify_from_environment
+
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy:3128")
+    session = user_session("http://127.0.0.1:8000")
+    read_environment_once(session, verify_from_environment())
+    assert session.trust_env is True
+    assert session.merge_environment_settings("http://example.com/", {}, None, None, None)["proxies"] == {
+        "http": "http://proxy:3128"}

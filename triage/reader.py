@@ -16,6 +16,9 @@ from pathlib import Path
 
 MAX_LINE_BYTES = 1 << 20  # longer lines are cut here (characters once decoded) (a single-huge-line file keeps memory flat)
 SNIFF_BYTES = 8192
+# the first block small: the parsers read a file's first block line by line (its first lines may be a CSV
+# header)
+FIRST_BLOCK_BYTES = 1 << 14
 BLOCK_BYTES = 1 << 18  # read and scanned at a time: big enough for one scan to do the work, small for flat memory
 _CRLF = re.compile(r"\r\n?")
 _TEXT_BYTES = bytes(b for b in range(256) if b >= 0x20 or b in b"\t\n\r\x0b\x0c\x1b")
@@ -250,13 +253,71 @@ def _cut_long_lines(block: str) -> tuple[str, bool]:
 
 
 def _read_utf8(handle, path: Path, notes: Notes, lines_in) -> Iterator[tuple[int, str]]:
-    """Binary blocks decoded incrementally; undecodable bytes become U+FFFD and are noted once."""
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    lineno = 0
-    carry = ""
-    skipping = bad_encoding = cut = truncated = False  # skipping: the rest of a line already cut
+    """Blocks of whole lines, each read into one buffer after the part line the last one left and decoded
+    once there, up to its last line end; undecodable bytes become U+FFFD and are noted once. A line longer
+    than a block, or a read that fails, hands the rest to _read_utf8_lines (its decoder, its care of long
+    lines). (Reading into one buffer saves two copies of every block: a fourteenth of a second a 256 MB.)"""
+    buf = bytearray(2 * BLOCK_BYTES)
+    view = memoryview(buf)
+    kept = lineno = 0  # kept: the bytes of a part line at the buffer's start
+    bad_encoding = False
+    size = FIRST_BLOCK_BYTES
     while True:
         try:
+            got = handle.readinto1(view[kept:kept + size])
+            size = BLOCK_BYTES
+        except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            yield from _read_utf8_lines(handle, path, notes, lines_in, lineno, bytes(view[:kept]), bad_encoding, exc)
+            return
+        end = kept + got
+        final = not got
+        cut = end if final else buf.rfind(b"\n", 0, end) + 1
+        if not final and buf.find(b"\r", 0, end) >= 0:  # (a lone "\r" ends a line too; one last may be a "\r\n")
+            cut = max(cut, buf.rfind(b"\r", 0, end - 1) + 1)
+        if not cut and not final:  # no line end in a block: a long line
+            yield from _read_utf8_lines(handle, path, notes, lines_in, lineno, bytes(view[:end]), bad_encoding)
+            return
+        block = codecs.utf_8_decode(view[:cut], "replace", True)[0]  # (whole lines: no sequence cut in two)
+        if "\r" in block:
+            block = _CRLF.sub("\n", block)
+        if block:
+            if not block.endswith("\n"):
+                block += "\n"
+            if "\ufffd" in block:
+                bad_encoding = True
+            yield lineno, block
+            lineno += lines_in(block)
+        if final:
+            break
+        kept = end - cut
+        buf[:kept] = buf[cut:end]
+        if kept > BLOCK_BYTES:  # a line as long as a block: read on line by line
+            yield from _read_utf8_lines(handle, path, notes, lines_in, lineno, bytes(view[:kept]), bad_encoding)
+            return
+    _read_notes(path, notes, lineno, bad_encoding, False, False)
+
+
+def _read_notes(path: Path, notes: Notes, lineno: int, bad_encoding: bool, cut: bool, truncated: bool) -> None:
+    notes.num_lines_read += lineno
+    if bad_encoding:
+        notes.add(f"{path}: not valid UTF-8; undecodable bytes replaced")
+    if cut:
+        notes.add(f"{path}: lines longer than {MAX_LINE_BYTES} characters were cut")
+    if lineno == 0 and not truncated:  # (a truncated file is noted as such, not as empty too)
+        notes.add_quiet("empty file", path)
+
+
+def _read_utf8_lines(handle, path: Path, notes: Notes, lines_in, lineno: int, pending: bytes, bad_encoding: bool,
+                     failed: Exception | None = None) -> Iterator[tuple[int, str]]:
+    """_read_utf8 from line lineno on, pending the bytes read after it (failed: how the read after them
+    failed), decoded incrementally: a line of MAX_LINE_BYTES characters or more is cut there."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    carry = decoder.decode(pending, False)
+    skipping = cut = truncated = False  # skipping: the rest of a line already cut
+    while True:
+        try:
+            if failed is not None:
+                raise failed  # (read as any failed read)
             raw = handle.read1(BLOCK_BYTES)
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
             block, _ = _whole_lines(carry, False)
@@ -290,13 +351,7 @@ def _read_utf8(handle, path: Path, notes: Notes, lines_in) -> Iterator[tuple[int
             lineno += lines_in(block)
         if final:
             break
-    notes.num_lines_read += lineno
-    if bad_encoding:
-        notes.add(f"{path}: not valid UTF-8; undecodable bytes replaced")
-    if cut:
-        notes.add(f"{path}: lines longer than {MAX_LINE_BYTES} characters were cut")
-    if lineno == 0 and not truncated:  # (a truncated file is noted as such, not as empty too)
-        notes.add_quiet("empty file", path)
+    _read_notes(path, notes, lineno, bad_encoding, cut, truncated)
 
 
 def _read_utf16(handle, path: Path, notes: Notes) -> Iterator[tuple[int, str]]:

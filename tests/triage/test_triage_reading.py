@@ -123,6 +123,50 @@ def test_line_endings_and_block_edges(tmp_path):
     assert list(read_lines(path, notes)) == [(1, "é" * BLOCK_BYTES)] and notes.lines == []
 
 
+def _blocks_two_ways(path, monkeypatch):
+    """(text, line count, notes) of read_blocks as it reads, and of the incremental reading from the start."""
+    from triage import reader
+    out = []
+    for one_buffer in (True, False):
+        if not one_buffer:
+            monkeypatch.setattr(reader, "_read_utf8", lambda handle, path, notes, lines_in: reader._read_utf8_lines(
+                handle, path, notes, lines_in, 0, b"", False))
+        notes = Notes()
+        blocks = list(read_blocks(path, notes))
+        assert all(block.endswith("\n") for _, block in blocks)
+        assert [first for first, _ in blocks] == [sum(b.count("\n") for _, b in blocks[:k]) for k in range(len(blocks))]
+        out.append(("".join(block for _, block in blocks), notes.num_lines_read, notes.lines))
+    return out
+
+
+@pytest.mark.parametrize("case", ["crlf-at-edges", "lone-cr", "bad-utf8", "long-line", "huge-line", "no-end", "gzip-cut"])
+def test_one_buffer_reading_gives_the_incremental_reading(tmp_path, monkeypatch, case):
+    """Blocks read into one buffer and decoded at their last line end give the text, line numbers and notes
+    of the incremental decoder: "\r\n" and "\r" at block edges, bytes that are no UTF-8 (some split by a
+    block edge), a line longer than a block, one past the cut, a last line with no end, a gzip cut short."""
+    import gzip
+    import random
+    rng = random.Random(case)
+    path = tmp_path / "x.log"
+    if case == "crlf-at-edges":
+        data = b"".join(b"y" * rng.randint(0, 300) + rng.choice([b"\r\n", b"\n", b"\r"]) for _ in range(8000))
+    elif case == "lone-cr":
+        data = b"\r".join(b"z" * rng.randint(1, 200) for _ in range(9000))
+    elif case == "bad-utf8":
+        data = b"".join(rng.choice([b"ok ", "é".encode(), "日本".encode(), b"\xff", b"\xe6\x97", b"\n"]) for _ in range(400000))
+    elif case == "long-line":
+        data = b"a\n" * 100 + b"b" * (BLOCK_BYTES + 12345) + b"\nc\n" * 100
+    elif case == "huge-line":
+        data = b"a\n" * 10 + "é".encode() * (1 << 20) + b"\nc\n"
+    elif case == "no-end":
+        data = b"line\n" * 70000 + b"last"
+    else:
+        data = gzip.compress(b"".join(b"%d %s\n" % (i, b"w" * (i % 97)) for i in range(60000)))[:-2000]
+    path.write_bytes(data)
+    one_buffer, incremental = _blocks_two_ways(path, monkeypatch)
+    assert one_buffer == incremental and one_buffer[1] > 2
+
+
 @pytest.mark.parametrize("urt", [".0.911", "1.2.3", "."])
 def test_upstreaminfo_line_with_an_unreadable_upstream_time(urt):
     """float() cannot read it: still the access event (no upstream time), never a skipped line."""

@@ -97,7 +97,8 @@ _EXTRACT = {
     # only when every column has as many matches as the first, and the run's lines are all accounted for
     # (a line of the form holds each at least once, so a count that adds up holds each exactly once)
     "nginx-kv": [re.compile(r" (?:rt|request_time)=(\S+)"), re.compile(r'\[([^\]]*)\] "')],
-    "received": [re.compile(r" prompt: ([^\n]*)"), re.compile(r"\) INFO (\d\d-\d\d \d\d:\d\d:\d\d)")],
+    # (the time: 14 characters after ") INFO ", once a line: its head's, which the run search read as one)
+    "received": [re.compile(r" prompt: ([^\n]*)"), re.compile(r"\) INFO (.{14})")],
     # a form read from the lines that hold a literal (each once), each line by the per-line reading's own
     # field patterns: a few a run
     "vllm-stats": "Avg prompt throughput",

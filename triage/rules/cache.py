@@ -110,7 +110,7 @@ class CacheRule(Rule):
         if rates is None or kvs is None:
             return  # (_stats reads nothing of such rows)
         make = ev.fields["event"]
-        for row, rate, kv in zip(range(len(rates)), rates, kvs, strict=True):
+        for row, (rate, kv) in enumerate(zip(rates, kvs, strict=True)):
             self._stat(rate, kv, cache(partial(make, row)))
 
     def _received_totals(self, ev: Event) -> None:

@@ -1,7 +1,9 @@
 """Bad input never produces a traceback: skipped or read with a one-line note; parsers fuzzed."""
 
 import gzip
+import json
 import string
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -139,3 +141,40 @@ def test_images_and_empty_files_make_one_quiet_line(tmp_path, run_cli):
         f"llmtriage: no log lines in 1 empty file ({tmp_path / 'client.log'}), 5 images ("
         f"{tmp_path / 'loadgen_concurrency.png'}, {tmp_path / 'loadgen_latency.png'}, "
         f"{tmp_path / 'loadgen_throughput.png'}, +2 more)"]
+
+
+# JSON values of every type (and numbers at the edges) for the engine's event fields: the rules read an
+# engine event's fields as its line decoded them, so a field of an unexpected type must cost nothing
+ODD_VALUES = (None, True, -1, 1e308, 10**30, "x", "", [], {}, [[1], [2], [3]], [{"a": 1}, {"b": 2}], [None, None])
+
+
+def _engine_lines_of_each_event() -> dict[str, str]:
+    """One engine JSON line of each event kind, from this suite's corpus."""
+    lines: dict[str, str] = {}
+    for path in sorted(Path(__file__).parent.glob("corpus/*/engine-0.log")):
+        for line in path.read_text().splitlines():
+            if line.startswith("{") and (kind := json.loads(line).get("event")) not in lines:
+                lines[kind] = line
+    return lines
+
+
+def test_engine_fields_of_any_json_type_never_raise(tmp_path, run_cli):
+    samples = _engine_lines_of_each_event()
+    assert {"request.finished", "request.scheduled", "engine.stats", "http.access", "engine.error"} <= set(samples)
+    for i, value in enumerate(ODD_VALUES):
+        lines = []
+        for line in samples.values():
+            obj = json.loads(line)
+            for key in obj:
+                if key not in ("event", "logger"):
+                    lines += [json.dumps({**obj, key: value})] * 20  # (20 in a row: read in bulk too)
+        text = json.dumps(value).replace(" ", "")  # (the --log-format text form: key=value)
+        lines += [f"2026-11-29T19:40:{10 + k:02d}.000Z INFO    engine.stats running={text} waiting={text} "
+                  f"kv_usage={text} prefix_hit_rate={text} preemptions={text}" for k in range(20)]
+        lines.append(f"2026-11-29T19:41:00.000Z INFO    engine.startup block_size={text} num_blocks={text}")
+        (tmp_path / f"engine-{i}.log").write_text("\n".join(lines) + "\n")
+        code, out, err = run_cli("diagnose", tmp_path / f"engine-{i}.log", "--format", "json")
+        assert code in (0, 1) and "Traceback" not in err, (value, err)
+        assert json.loads(out)["findings"] is not None
+        code, out, err = run_cli("diagnose", tmp_path / f"engine-{i}.log")
+        assert code in (0, 1) and "Traceback" not in err and out.strip(), (value, err)

@@ -36,6 +36,27 @@ def scan_patterns(kind: str, needs: list) -> tuple[list[str], list[str]]:
     return [text_form], [p for c in conds for p in (rf'"{name}"[^\n]*{c}', rf'{c}[^\n]*"{name}"')]
 
 
+# Fields of the engine's stats and start-up events that are numbers (what every reader of engine.stats
+# makes them): one of another type (a string, a list, true) is left out, as if the line had not had it.
+# (The request events' fields are checked by the rules as they read them: there are millions.)
+_NUMBERS = {
+    "engine.stats": ("running", "waiting", "kv_usage", "kv_blocks_used", "kv_blocks_total", "prefix_hit_rate",
+                     "prefix_queried_tokens", "prefix_hit_tokens", "prompt_tokens_per_s",
+                     "generation_tokens_per_s", "preemptions"),
+    "engine.startup": ("block_size", "num_blocks", "kv_bytes_per_token", "kv_cache_bytes", "cache_tokens",
+                       "max_model_len", "max_concurrency", "max_num_seqs", "max_num_batched_tokens",
+                       "weights_bytes"),
+}
+
+
+def _numbers_only(name: str, fields: dict) -> dict:
+    keys = _NUMBERS.get(name)
+    if keys is None:
+        return fields
+    odd = [k for k in keys if k in fields and (type(fields[k]) not in (int, float) or fields[k] != fields[k])]
+    return {k: v for k, v in fields.items() if k not in odd} if odd else fields
+
+
 def parse_json_object(obj: dict, line: str, file: str, lineno: int) -> Event | None:
     """An engine event from a decoded JSON object, or None when it is not one."""
     name = obj.get("event")
@@ -43,7 +64,7 @@ def parse_json_object(obj: dict, line: str, file: str, lineno: int) -> Event | N
         return None
     ts_raw = obj.get("ts")
     ts = parse_iso(ts_raw) if isinstance(ts_raw, str) else None
-    return Event(ts, SOURCE, name, obj, file, lineno, line)
+    return Event(ts, SOURCE, name, _numbers_only(name, obj), file, lineno, line)
 
 
 def parse_text(line: str, file: str, lineno: int) -> Event | None:
@@ -57,4 +78,4 @@ def parse_text(line: str, file: str, lineno: int) -> Event | None:
             fields[key] = json.loads(raw)
         except ValueError:
             fields[key] = raw
-    return Event(parse_iso(m.group(1)), SOURCE, m.group(3), fields, file, lineno, line)
+    return Event(parse_iso(m.group(1)), SOURCE, m.group(3), _numbers_only(m.group(3), fields), file, lineno, line)

@@ -41,6 +41,9 @@ def _keep_oldest_half(table: dict) -> None:
     deque(starmap(table.popitem, repeat((), len(table) - MAX_KEYS // 2)), 0)  # popitem takes the newest
 
 
+_HASHES = repeat((str, int, float))  # a block hash as a JSON log writes one (isinstance's argument, for map)
+
+
 def later_weight(prefixes: tuple | dict) -> int:
     """Requests counted under a later_to_prefixes key: its value is the one head seen once (a tuple) or
     {head: count} once a second request came."""
@@ -159,8 +162,8 @@ class CacheRule(Rule):
                 if len(self.short_samples) < 3:
                     self.short_samples.append(ev if isinstance(ev, Event) else ev())
         fp = f.get("prefix_fingerprint")
-        if not isinstance(fp, list) or len(fp) < 2:
-            return
+        if not isinstance(fp, list) or len(fp) < 2 or not all(map(isinstance, fp, _HASHES)):
+            return  # (no fingerprint, or one whose entries are no block hashes: not read)
         self.num_multi_block += 1
         self._count_prefix((fp[0], fp[1]))
         self._later_blocks(fp, ev)

@@ -143,23 +143,43 @@ def test_images_and_empty_files_make_one_quiet_line(tmp_path, run_cli):
         f"{tmp_path / 'loadgen_throughput.png'}, +2 more)"]
 
 
-# JSON values of every type (and numbers at the edges) for the engine's event fields: the rules read an
+# JSON values of every type (and numbers at the edges) for the fields of JSON log lines: the rules read an
 # engine event's fields as its line decoded them, so a field of an unexpected type must cost nothing
 ODD_VALUES = (None, True, -1, 1e308, 10**30, "x", "", [], {}, [[1], [2], [3]], [{"a": 1}, {"b": 2}], [None, None])
 
 
-def _engine_lines_of_each_event() -> dict[str, str]:
-    """One engine JSON line of each event kind, from this suite's corpus."""
+# JSON access lines of the gateways (Envoy's, nginx's escape=json, Cloudflare's Logpush), served and failed
+GATEWAY_JSON = {
+    "envoy": '{"start_time":"2026-03-04T10:12:45.012Z","method":"POST","path":"/v1/chat/completions",'
+             '"protocol":"HTTP/1.1","response_code":504,"response_flags":"UT","bytes_received":412,"bytes_sent":24,'
+             '"duration":15001,"upstream_service_time":null,"x_forwarded_for":"10.1.0.4","request_id":"5e1c6a57",'
+             '"downstream_remote_address":"10.1.0.4:51234","upstream_host":"10.1.3.7:8000"}',
+    "envoy-served": '{"start_time":"2026-03-04T10:12:46.012Z","method":"POST","path":"/v1/chat/completions",'
+                    '"response_code":200,"response_flags":"-","duration":812,"upstream_host":"10.1.3.8:8000",'
+                    '"downstream_remote_address":"10.1.0.5:51235"}',
+    "nginx-json": '{"time_iso8601":"2026-11-29T19:40:01+00:00","remote_addr":"10.0.0.7","request_method":"POST",'
+                  '"request_uri":"/v1/chat/completions","status":504,"request_time":60.001,'
+                  '"upstream_response_time":"60.000","upstream_addr":"10.0.0.12:8000","request_id":"a1",'
+                  '"http_user_agent":"OpenAI/Python 1.51.0","body_bytes_sent":"0"}',
+    "cloudflare": '{"ClientIP":"203.0.113.9","ClientRequestMethod":"POST","ClientRequestURI":"/v1/chat/completions",'
+                  '"EdgeResponseStatus":524,"EdgeStartTimestamp":"2026-11-29T19:40:01Z",'
+                  '"EdgeEndTimestamp":"2026-11-29T19:41:41Z","OriginIP":"198.51.100.4","OriginResponseStatus":0,'
+                  '"RayID":"8c1f2e3d4c5b6a79","ClientRequestUserAgent":"curl/8.5.0","EdgeResponseBytes":1024}',
+}
+
+
+def _json_lines_of_each_kind() -> dict[str, str]:
+    """One engine JSON line of each event kind, from this suite's corpus, and the gateways' JSON lines."""
     lines: dict[str, str] = {}
     for path in sorted(Path(__file__).parent.glob("corpus/*/engine-0.log")):
         for line in path.read_text().splitlines():
             if line.startswith("{") and (kind := json.loads(line).get("event")) not in lines:
                 lines[kind] = line
-    return lines
+    return {**lines, **GATEWAY_JSON}
 
 
-def test_engine_fields_of_any_json_type_never_raise(tmp_path, run_cli):
-    samples = _engine_lines_of_each_event()
+def test_json_fields_of_any_type_never_raise(tmp_path, run_cli):
+    samples = _json_lines_of_each_kind()
     assert {"request.finished", "request.scheduled", "engine.stats", "http.access", "engine.error"} <= set(samples)
     for i, value in enumerate(ODD_VALUES):
         lines = []

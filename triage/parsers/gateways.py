@@ -66,6 +66,11 @@ def _f(raw: str | None) -> float | None:
         return None
 
 
+def _scalar(value):
+    """A JSON value as an address, an id or a user agent: None for a list or an object (no such field)."""
+    return None if isinstance(value, (list, dict)) else value
+
+
 def _access(fields: dict, source: str, ts, file: str, lineno: int, line: str) -> Event:
     method, _, rest = fields.get("request", "").partition(" ")
     fields["method"] = method
@@ -205,14 +210,14 @@ def parse_envoy_json(obj: dict, file: str, lineno: int, line: str) -> Event | No
     flags_text = str(obj.get("response_flags") or "-")
     flags = set(flags_text.split(","))
     duration = _f(str(obj["duration"])) if obj.get("duration") not in (None, "", "-") else None
-    upstream = obj.get("upstream_host")
+    upstream = _scalar(obj.get("upstream_host"))
     client = obj.get("downstream_remote_address") or obj.get("x_forwarded_for")
     method, path = obj.get("method") or "", obj.get("path") or ""
     fields = {"client": str(client).rsplit(":", 1)[0] if client else None,
               "request": f"{method} {path} {obj.get('protocol') or ''}".strip(), "status": status,
               "bytes": obj.get("bytes_sent"), "duration_s": duration / 1000 if duration is not None else None,
               "upstream_s": None, "upstream_addr": upstream if upstream not in (None, "", "-") else None,
-              "flags": flags_text, "request_id": obj.get("request_id") if obj.get("request_id") not in (None, "-")
+              "flags": flags_text, "request_id": _scalar(obj.get("request_id")) if obj.get("request_id") not in (None, "-")
               else None, "cut": _envoy_cut(flags, status)}
     ts = obj.get("start_time")
     return _access(fields, "envoy", parse_iso(ts) if isinstance(ts, str) else None, file, lineno, line)
@@ -235,13 +240,13 @@ def parse_nginx_json(obj: dict, file: str, lineno: int, line: str) -> Event | No
         if v)
     upstream = str(obj.get("upstream_addr") or "").split(",")[-1].strip()
     raw_bytes = str(obj.get("body_bytes_sent") or obj.get("bytes_sent") or "0")
-    fields = {"client": obj.get("remote_addr"), "request": str(request), "status": status,
+    fields = {"client": _scalar(obj.get("remote_addr")), "request": str(request), "status": status,
               "bytes": int(raw_bytes) if raw_bytes.isdigit() else 0,
               # (_f reads a number or a string; "-", "" and a missing key come out None)
               "duration_s": _f(str(obj.get("request_time"))), "upstream_s": _f(str(obj.get("upstream_response_time"))),
               "upstream_addr": upstream if upstream not in ("", "-") else None,
-              "user_agent": obj.get("http_user_agent")}
-    if obj.get("request_id") not in (None, "", "-"):
+              "user_agent": _scalar(obj.get("http_user_agent"))}
+    if _scalar(obj.get("request_id")) not in (None, "", "-"):
         fields["request_id"] = obj["request_id"]
     if iso := obj.get("time_iso8601"):
         ts = parse_iso(str(iso))
@@ -306,13 +311,14 @@ def parse_cloudflare_json(obj: dict, file: str, lineno: int, line: str) -> Event
     method = obj.get("ClientRequestMethod") or ""
     path = obj.get("ClientRequestURI") or obj.get("ClientRequestPath") or ""
     origin_status = _number(obj.get("OriginResponseStatus"))
-    fields = {"client": obj.get("ClientIP"), "request": f"{method} {path} {obj.get('ClientRequestProtocol') or ''}".strip(),
+    fields = {"client": _scalar(obj.get("ClientIP")), "request": f"{method} {path} {obj.get('ClientRequestProtocol') or ''}".strip(),
               "status": status, "bytes": int(_number(obj.get("EdgeResponseBytes")) or 0), "duration_s": duration,
               "upstream_s": origin_ms / 1000 if origin_ms is not None else None,
-              "upstream_addr": obj.get("OriginIP") or None, "user_agent": obj.get("ClientRequestUserAgent"),
+              "upstream_addr": _scalar(obj.get("OriginIP")) or None,
+              "user_agent": _scalar(obj.get("ClientRequestUserAgent")),
               "upstream_status": str(int(origin_status)) if origin_status is not None else None,
               "cut": _CLOUDFLARE_CUT.get(status)}
-    if obj.get("RayID"):
+    if _scalar(obj.get("RayID")):
         fields["request_id"] = obj["RayID"]
     return _access(fields, "cloudflare", start, file, lineno, line)
 

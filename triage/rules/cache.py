@@ -4,7 +4,8 @@ import re
 from collections import Counter, deque
 from collections.abc import Callable
 from functools import cache, partial
-from itertools import repeat, starmap
+from itertools import chain, islice, repeat, starmap
+from operator import itemgetter
 
 from triage.model import Event, Finding
 from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of
@@ -41,7 +42,27 @@ def _keep_oldest_half(table: dict) -> None:
     deque(starmap(table.popitem, repeat((), len(table) - MAX_KEYS // 2)), 0)  # popitem takes the newest
 
 
-_HASHES = repeat((str, int, float))  # a block hash as a JSON log writes one (isinstance's argument, for map)
+_GETS = tuple(map(itemgetter, ("prompt_tokens", "cached_tokens", "prefix_fingerprint")))
+
+
+def _alike(rows: list[dict]) -> tuple[list, list, list[tuple]] | None:
+    """(prompt tokens, cached tokens, fingerprint columns: block i of each) of request.finished rows that
+    all have integer token counts and fingerprints of strings of one length (two blocks or more); None
+    for any other rows."""
+    get_prompt, get_cached, get_fp = _GETS
+    try:
+        if set(map(type, prompts := list(map(get_prompt, rows)))) != {int} or set(map(type, cached := list(map(
+                get_cached, rows)))) != {int} or set(map(type, fps := list(map(get_fp, rows)))) != {list}:
+            return None
+    except KeyError:
+        return None
+    lengths = set(map(len, fps))
+    if len(lengths) != 1 or min(lengths) < 2:
+        return None
+    columns = list(zip(*fps, strict=True))
+    if set(map(type, chain.from_iterable(columns))) != {str}:
+        return None
+    return prompts, cached, columns
 
 
 def later_weight(prefixes: tuple | dict) -> int:
@@ -145,11 +166,58 @@ class CacheRule(Rule):
         self._finished_row(ev.fields, ev)
 
     def _finished_totals(self, ev: Event) -> None:
-        """request.finished lines read in bulk: each row as _finished reads it (its event made only when
-        kept as a sample)."""
-        make = ev.fields["event"]
-        for row, f in enumerate(ev.fields["rows"]):
-            self._finished_row(f, lambda row=row: make(row))
+        """request.finished lines read in bulk: what _finished_row does for each row, in order (a row's event
+        made only when kept as a sample). Rows alike (integer token counts, fingerprints of one length) are
+        read column by column, their counts summed and their keys made in C, wherever the order cannot change
+        what the tables keep; other rows one by one."""
+        make, rows = ev.fields["event"], ev.fields["rows"]
+        alike = _alike(rows)
+        if alike is None:
+            for row, f in enumerate(rows):
+                self._finished_row(f, lambda row=row: make(row))
+            return
+        prompts, cached, columns = alike
+        self.num_requests += len(rows)
+        self.num_prompt_tokens += sum(prompts)
+        self.num_cached_tokens += sum(cached)
+        num_short = sum(map(self.block_size.__gt__, prompts))
+        self.num_short += num_short
+        if num_short and len(self.short_samples) < 3:
+            short = (row for row, prompt in enumerate(prompts) if prompt < self.block_size)
+            self.short_samples.extend(map(make, islice(short, 3 - len(self.short_samples))))
+        self.num_multi_block += len(rows)
+        keys = list(zip(columns[0], columns[1], strict=True))
+        distinct, table = set(keys), self.prefix_keys
+        if len(table) + len(distinct) - len(table.keys() & distinct) <= MAX_KEYS:
+            table.update(keys)  # (no new key finds the table full: nothing is pruned)
+        else:
+            for key in keys:
+                self._count_prefix(key)
+        if len(columns) > 2 and not self._new_later_blocks(columns):
+            for row, f in enumerate(rows):
+                self._later_blocks(f["prefix_fingerprint"], lambda row=row: make(row))
+
+    def _new_later_blocks(self, columns: list[tuple]) -> bool:
+        """_later_blocks of requests whose blocks by position are columns, when every key of theirs is new
+        to the table and to the others (else False, nothing done): each key gets its one head, in order,
+        and the table is pruned where a new key finds it full, as one by one."""
+        width = len(columns) - 2
+        num = len(columns[0])
+        by_position = [list(zip(repeat(j, num), columns[j], columns[j + 1], strict=True)) for j in range(1, width + 1)]
+        keys = by_position[0] if width == 1 else list(chain.from_iterable(zip(*by_position, strict=True)))
+        table = self.later_to_prefixes
+        if len(set(keys)) != len(keys) or not table.keys().isdisjoint(keys):
+            return False
+        heads = [list(zip(*columns[:j], strict=True)) for j in range(1, width + 1)]  # (tuple(fp[:j]) of each)
+        heads = heads[0] if width == 1 else list(chain.from_iterable(zip(*heads, strict=True)))
+        at = 0
+        while at < len(keys):
+            if len(table) >= MAX_KEYS:
+                self._prune_later()
+            room = MAX_KEYS - len(table)
+            table.update(zip(keys[at:at + room], heads[at:at + room], strict=True))
+            at += room
+        return True
 
     def _finished_row(self, f: dict, ev) -> None:
         prompt, cached = f.get("prompt_tokens"), f.get("cached_tokens")
@@ -162,8 +230,12 @@ class CacheRule(Rule):
                 if len(self.short_samples) < 3:
                     self.short_samples.append(ev if isinstance(ev, Event) else ev())
         fp = f.get("prefix_fingerprint")
-        if not isinstance(fp, list) or len(fp) < 2 or not all(map(isinstance, fp, _HASHES)):
-            return  # (no fingerprint, or one whose entries are no block hashes: not read)
+        if not isinstance(fp, list) or len(fp) < 2:
+            return
+        try:
+            hash(tuple(fp))
+        except TypeError:
+            return  # (a list or an object where a block hash stands: not read)
         self.num_multi_block += 1
         self._count_prefix((fp[0], fp[1]))
         self._later_blocks(fp, ev)

@@ -49,13 +49,16 @@ def _alike(rows: list[dict]) -> tuple[list, list, list[tuple]] | None:
     """(prompt tokens, cached tokens, fingerprint columns: block i of each) of request.finished rows that
     all have integer token counts and fingerprints of strings of one length (two blocks or more); None
     for any other rows."""
-    get_prompt, get_cached, get_fp = _GETS
-    try:
-        if set(map(type, prompts := list(map(get_prompt, rows)))) != {int} or set(map(type, cached := list(map(
-                get_cached, rows)))) != {int} or set(map(type, fps := list(map(get_fp, rows)))) != {list}:
+    columns_of = []  # (each column read only while the ones before are alike)
+    for get, kind in zip(_GETS, (int, int, list), strict=True):
+        try:
+            values = list(map(get, rows))
+        except KeyError:
             return None
-    except KeyError:
-        return None
+        if set(map(type, values)) != {kind}:
+            return None
+        columns_of.append(values)
+    prompts, cached, fps = columns_of
     lengths = set(map(len, fps))
     if len(lengths) != 1 or min(lengths) < 2:
         return None

@@ -3,6 +3,7 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from operator import attrgetter
 
 from triage.model import Confidence, Event, EvidenceSet, Finding, RequestIds
 
@@ -184,6 +185,14 @@ class Rule:
 
     def findings(self, facts: Facts) -> list[Finding]:
         raise NotImplementedError
+
+
+def column(rows: list, name: str) -> list:
+    """row.get(name) of each of a totals event's rows: by C-level attribute reads where none is a dict (the
+    parsers' typed rows: triage.parsers.bulk.FinishedRow)."""
+    if dict in set(map(type, rows)):
+        return [row.get(name) for row in rows]
+    return list(map(attrgetter(name), rows))
 
 
 def totals_rows(ev: Event, rows) -> list[Event]:

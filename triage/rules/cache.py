@@ -5,10 +5,9 @@ from collections import Counter, deque
 from collections.abc import Callable
 from functools import cache, partial
 from itertools import chain, islice, repeat, starmap
-from operator import itemgetter
 
 from triage.model import Event, Finding
-from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of
+from triage.rules import Candidate, Facts, Need, Rule, column, needs_of, request_ids_of
 from triage.rules import cache_text as T
 
 MAX_KEYS = 20_000  # bounded memory: when full, keys seen only once are dropped
@@ -42,7 +41,6 @@ def _keep_oldest_half(table: dict) -> None:
     deque(starmap(table.popitem, repeat((), len(table) - MAX_KEYS // 2)), 0)  # popitem takes the newest
 
 
-_GETS = tuple(map(itemgetter, ("prompt_tokens", "cached_tokens", "prefix_fingerprint")))
 
 
 def _alike(rows: list[dict]) -> tuple[list, list, list[tuple]] | None:
@@ -50,11 +48,8 @@ def _alike(rows: list[dict]) -> tuple[list, list, list[tuple]] | None:
     all have integer token counts and fingerprints of strings of one length (two blocks or more); None
     for any other rows."""
     columns_of = []  # (each column read only while the ones before are alike)
-    for get, kind in zip(_GETS, (int, int, list), strict=True):
-        try:
-            values = list(map(get, rows))
-        except KeyError:
-            return None
+    for name, kind in (("prompt_tokens", int), ("cached_tokens", int), ("prefix_fingerprint", list)):
+        values = column(rows, name)
         if set(map(type, values)) != {kind}:
             return None
         columns_of.append(values)
@@ -197,8 +192,8 @@ class CacheRule(Rule):
             for key in keys:
                 self._count_prefix(key)
         if len(columns) > 2 and not self._new_later_blocks(columns):
-            for row, f in enumerate(rows):
-                self._later_blocks(f["prefix_fingerprint"], lambda row=row: make(row))
+            for row, fp in enumerate(column(rows, "prefix_fingerprint")):
+                self._later_blocks(fp, lambda row=row: make(row))
 
     def _new_later_blocks(self, columns: list[tuple]) -> bool:
         """_later_blocks of requests whose blocks by position are columns, when every key of theirs is new

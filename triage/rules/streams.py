@@ -4,7 +4,7 @@ from collections import Counter
 from itertools import compress, repeat
 
 from triage.model import Event, Finding
-from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of
+from triage.rules import Candidate, Facts, Need, Rule, column, needs_of, request_ids_of
 from triage.rules import stream_text as T
 
 SHUTDOWN_TAIL_S = 3.0  # disconnects this close to the end of a long log are the load stopping
@@ -245,8 +245,9 @@ class StreamRule(Rule):
         room = MAX_SAMPLES - len(self.server_ttft)
         if room <= 0:
             return
-        timed = [i for i, f in enumerate(rows) if isinstance(f.get("ttft_s"), (int, float))][:room]
-        self.server_ttft.extend(float(rows[i]["ttft_s"]) for i in timed)
+        ttfts = column(rows, "ttft_s")
+        timed = [i for i, ttft in enumerate(ttfts) if isinstance(ttft, (int, float))][:room]
+        self.server_ttft.extend(float(ttfts[i]) for i in timed)
         for i in timed[:max(0, 2 - len(self.server_samples))]:
             self.server_samples.append(ev.fields["event"](i))
 

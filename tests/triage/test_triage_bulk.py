@@ -10,7 +10,7 @@ import pytest
 
 import triage.diagnose as diagnose_module
 from triage.diagnose import DiagnoseOptions, Dispatcher, diagnose
-from triage.parsers import bulk
+from triage.parsers import bulk, finished
 from triage.report import render_json
 
 T0 = datetime(2026, 11, 29, 19, 0, 0, tzinfo=UTC)
@@ -135,7 +135,7 @@ def _engine(rng, i, t):
                    f'"ttft_s":0.0{rng.randint(20, 60)},"e2e_s":0.9,"prefix_fingerprint":[{fp}]}}')
 
 
-# request.finished lines the typed decoding (bulk.FinishedRow) reads otherwise than the usual (a field
+# request.finished lines the typed decoding (finished.FinishedRow) reads otherwise than the usual (a field
 # absent or null, an integer TTFT, a key twice or escaped), and those it refuses (another type where it
 # takes one, an integer past 64 bits: the run is decoded by orjson)
 _ODD_TYPED = (
@@ -190,7 +190,7 @@ def _write(folder, name):
     (folder / file).write_text("\n".join(lines) + "\n")
 
 
-row_types: set[str] = set()  # the kinds of request.finished rows read in bulk (bulk.FinishedRow, dict)
+row_types: set[str] = set()  # the kinds of request.finished rows read in bulk (finished.FinishedRow, dict)
 
 
 def _run(folder, monkeypatch, bulk_on: bool):
@@ -416,7 +416,7 @@ def test_clf_time_range_parses_the_first_and_last_alone_where_it_may():
 
 
 def test_typed_rows_hold_the_numbers_orjson_reads():
-    """bulk.FinishedRow reads a line's numbers as orjson does (the per-line reading): every float to the
+    """finished.FinishedRow reads a line's numbers as orjson does (the per-line reading): every float to the
     same double, integers exact within 64 bits, and refuses those orjson reads as floats."""
     import msgspec
     import orjson
@@ -430,9 +430,9 @@ def test_typed_rows_hold_the_numbers_orjson_reads():
     for ttft, prompt in zip(floats, ints * 5, strict=False):
         line = (f'{{"ts":"2026-11-29T19:00:00.000Z","event":"request.finished","prompt_tokens":{prompt},'
                 f'"cached_tokens":0,"ttft_s":{ttft}}}')
-        row, obj = msgspec.json.decode(line, type=bulk.FinishedRow), orjson.loads(line)
+        row, obj = msgspec.json.decode(line, type=finished.FinishedRow), orjson.loads(line)
         assert (row.ttft_s, row.prompt_tokens) == (float(obj["ttft_s"]), obj["prompt_tokens"]), line
     for past in (1 << 63, 1 << 64, -(1 << 63) - 1):
         with pytest.raises(msgspec.ValidationError):
             msgspec.json.decode(f'{{"ts":"t","event":"request.finished","prompt_tokens":{past},"cached_tokens":0}}',
-                                type=bulk.FinishedRow)
+                                type=finished.FinishedRow)

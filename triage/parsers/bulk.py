@@ -16,9 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from itertools import repeat
 from operator import attrgetter, indexOf, itemgetter
-from typing import Annotated, Literal
 
-import msgspec
 import orjson
 import re2
 
@@ -672,40 +670,17 @@ def routine_finished(line: str) -> bool:
             and '"finish_reason":"error"' not in line and '"logger":"loadgen"' not in line)
 
 
-_Int64 = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]  # (orjson reads one past 64 bits as a float)
-
-
-class FinishedRow(msgspec.Struct, gc=False):
-    """A request.finished line of this engine's JSON log, decoded with only the fields the rules read and
-    typed as the engine writes them (a token count an integer, a fingerprint a list of strings): msgspec
-    skips the rest, and refuses a line where one of these has another type (its run is decoded by orjson).
-    Read as the dict the per-line reading decodes, by get() (a field absent or null: None)."""
-
-    ts: str
-    event: Literal["request.finished"]
-    prompt_tokens: _Int64
-    cached_tokens: _Int64
-    prefix_fingerprint: list[str] | None = None
-    ttft_s: float | None = None  # (an integer in the line: its float, as the rules take it)
-    logger: str | None = None
-    finish_reason: str | None = None
-
-    def get(self, key: str):
-        return getattr(self, key, None)
-
-
-_DECODE_FINISHED = msgspec.json.Decoder(FinishedRow).decode
-_NOT_TYPED = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
-
-
 def finished_totals(file: str, items: list, event_of: Callable[[int, str], Event | None]) -> Event | None:
     """One request.finished.totals event for these (line number, line) items, their decoded objects as
     rows; None when one of them is not what the per-line reading would read as such (read them so).
-    Rows are FinishedRows where every line decodes so, else orjson's dicts."""
+    Rows are typed (triage.parsers.finished.FinishedRow) where every line decodes so, else orjson's dicts."""
+    # (imported here: msgspec takes 10 ms to import, and most logs have no such line)
+    from triage.parsers import finished
+
     lines = list(map(itemgetter(1), items))
     try:
-        rows = list(map(_DECODE_FINISHED, lines))
-    except _NOT_TYPED:
+        rows = list(map(finished.decode, lines))
+    except finished.NOT_TYPED:
         rows = None
     if rows is not None:
         if "loadgen" in set(map(_LOGGER, rows)) or "error" in set(map(_REASON, rows)):

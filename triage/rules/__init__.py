@@ -189,7 +189,7 @@ class Rule:
 
 def column(rows: list, name: str) -> list:
     """row.get(name) of each of a totals event's rows: by C-level attribute reads where none is a dict (the
-    parsers' typed rows: triage.parsers.bulk.FinishedRow)."""
+    parsers' typed rows: triage.parsers.finished.FinishedRow)."""
     if dict in set(map(type, rows)):
         return [row.get(name) for row in rows]
     return list(map(attrgetter(name), rows))

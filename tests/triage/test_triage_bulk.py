@@ -10,7 +10,7 @@ import pytest
 
 import triage.diagnose as diagnose_module
 from triage.diagnose import DiagnoseOptions, Dispatcher, diagnose
-from triage.parsers import bulk, finished
+from triage.parsers import bulk, finished, words
 from triage.report import render_json
 
 T0 = datetime(2026, 11, 29, 19, 0, 0, tzinfo=UTC)
@@ -303,36 +303,36 @@ def test_blocks_without_runs_are_read_line_by_line_for_a_while(tmp_path, monkeyp
 
 
 def test_stop_words_found_alike_with_and_without_hyperscan(monkeypatch):
-    """bulk.Words finds a stop word in raw[start:end] (None), else where the counted words start, by
+    """words.Words finds a stop word in raw[start:end] (None), else where the counted words start, by
     Hyperscan where it is installed, by RE2 and bytes.find otherwise: the same answer for words at the edges of the
     range, just outside it, for counted words before and after a stop word, and for no word at all."""
-    words, counted = ["Loading weights", "#running-req", "haproxy[", "\x1b"], ("Avg prompt throughput",)
+    stops, counted = ["Loading weights", "#running-req", "haproxy[", "\x1b"], ("Avg prompt throughput",)
     text = (b"xx Loading weights yy #running-req zz haproxy[ \x1b end Avg prompt throughput, Avg prompt "
             b"throughputAvg prompt throughput.")
     cut = text.index(b"end")
     ranges = [(0, len(text)), (3, 18), (4, 18), (3, 17), (19, 34), (23, 35), (37, 46), (47, 48), (46, 47), (0, 0),
               (48, 55), (cut, len(text)), (cut, len(text) - 2), (cut + 5, len(text)), (cut - 3, len(text))]
-    with_hs = bulk.Words(words, counted)
+    with_hs = words.Words(stops, counted)
     with_hs.search(text, 0, 0)  # (compiled at the first search)
-    monkeypatch.setattr(bulk, "hyperscan", None)
-    without = bulk.Words(words, counted)
+    monkeypatch.setattr(words, "hyperscan", None)
+    without = words.Words(stops, counted)
     found = [[w.search(text, a, b) for a, b in ranges] for w in (with_hs, without)]
     assert with_hs.db is not None and without.re is not None and without.db is None
     word = counted[0].encode()
     starts = [k for k in range(len(text)) if text.startswith(word, k)]
-    expected = [None if any(w.encode() in text[a:b] for w in words) else [k for k in starts if a <= k <= b - len(word)]
+    expected = [None if any(w.encode() in text[a:b] for w in stops) else [k for k in starts if a <= k <= b - len(word)]
                 for a, b in ranges]
     assert found[0] == found[1] == expected
     assert expected.count(None) == 6 and list(map(len, expected[-4:-1])) == [3, 2, 2] and expected[-1] is None
-    assert bulk.Words([]).search(text, 0, len(text)) == [] and bulk.Words(["", "q"]).search(text, 0, 1) is None
-    assert bulk.Words([], counted).search(text, 0, len(text)) == starts
+    assert words.Words([]).search(text, 0, len(text)) == [] and words.Words(["", "q"]).search(text, 0, 1) is None
+    assert words.Words([], counted).search(text, 0, len(text)) == starts
 
 
 def test_bulk_reading_without_hyperscan_gives_the_line_by_line_diagnosis(tmp_path, monkeypatch):
     """Without Hyperscan (RE2 finds the stop words) the diagnosis is the same."""
     _write(tmp_path, "vllm")
     by_line = _run(tmp_path, monkeypatch, False)
-    monkeypatch.setattr(bulk, "hyperscan", None)
+    monkeypatch.setattr(words, "hyperscan", None)
     in_bulk = _run(tmp_path, monkeypatch, True)
     assert in_bulk[:2] == by_line[:2] and in_bulk[2] > 0
 

@@ -9,6 +9,7 @@ import re2
 
 from triage import signatures
 from triage.parsers import bulk, client, engine_json, gateways, metrics_text, text_logs
+from triage.parsers.words import Words
 
 # Lines that change a file's parsing state whatever rules need: a traceback's frames (named in the OOM
 # that ends it) and the exception line that closes it.
@@ -80,11 +81,11 @@ class Wanted:
         # makes the per-line reading take a routine-looking line for something else; each counts vLLM's
         # stats words (a line with them is read as a stats line: as many as the run has stats lines)
         counted = (bulk.STATS_WORDS,)
-        self.bulk_stop = bulk.Words([*catalog_words, *text_logs.PHASE_WORDS, *bulk.stop_words()], counted)
+        self.bulk_stop = Words([*catalog_words, *text_logs.PHASE_WORDS, *bulk.stop_words()], counted)
         # logged prompts alone: their reading looks for phase words, never for catalog keywords
-        self.bulk_stop_prompts = bulk.Words([*text_logs.PHASE_WORDS, *bulk.stop_words(prompts=True)], counted)
+        self.bulk_stop_prompts = Words([*text_logs.PHASE_WORDS, *bulk.stop_words(prompts=True)], counted)
         # logged prompts and vLLM's stats lines
-        self.bulk_stop_vllm = bulk.Words([*catalog_words, *text_logs.PHASE_WORDS, *bulk.stop_words(vllm=True)],
+        self.bulk_stop_vllm = Words([*catalog_words, *text_logs.PHASE_WORDS, *bulk.stop_words(vllm=True)],
                                          counted)
 
     def takes(self, kind: str, source: str | None) -> bool:

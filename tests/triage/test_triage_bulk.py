@@ -12,6 +12,7 @@ import triage.diagnose as diagnose_module
 from triage.diagnose import DiagnoseOptions, Dispatcher, diagnose
 from triage.parsers import bulk, finished, words
 from triage.report import render_json
+from triage.rules import all_rules
 
 T0 = datetime(2026, 11, 29, 19, 0, 0, tzinfo=UTC)
 LINES = 6000  # a few blocks of 256 KB
@@ -253,7 +254,6 @@ def test_a_rule_without_totals_gets_every_line(tmp_path):
         def findings(self, facts):
             return []
 
-    from triage.rules import all_rules
     assert Dispatcher(all_rules(), None, None).wanted.bulk_forms
     assert "upstreaminfo" not in Dispatcher([*all_rules(), Lines()], None, None).wanted.bulk_forms
     assert not Dispatcher(all_rules(), T0.replace(tzinfo=None), None).wanted.bulk_forms  # --since: by line
@@ -263,7 +263,6 @@ def test_finished_lines_found_by_literal_are_the_lines_the_scanner_finds(monkeyp
     """_scan takes this engine's request.finished lines by a literal search and scans the rest: the same
     (line number, line) pairs, in the same order, as one scan of the whole block."""
     from triage.parsers import FileParser
-    from triage.rules import all_rules
     wanted = Dispatcher(all_rules(), None, None).wanted
     assert wanted.finished_literal
     rng = random.Random(3)
@@ -436,3 +435,32 @@ def test_typed_rows_hold_the_numbers_orjson_reads():
         with pytest.raises(msgspec.ValidationError):
             msgspec.json.decode(f'{{"ts":"t","event":"request.finished","prompt_tokens":{past},"cached_tokens":0}}',
                                 type=finished.FinishedRow)
+
+
+def test_no_match_answers_as_the_re2_scan_does(monkeypatch):
+    """words.NoMatch (one Hyperscan scan) says a text holds no match exactly where RE2's (?m) search of the
+    same literals and regexes finds none: the reader's own scan, and regexes with what the two engines
+    spell differently (\\s, which in PCRE holds \\v; \\S; classes that start with "]"), over random texts of
+    their pieces, vertical tabs and line ends among them."""
+    import re
+
+    import re2
+
+    wanted = Dispatcher(all_rules(), None, None).wanted
+    extra = [r'"queue_s":\s*(?:-?[1-9]|[^-0-9\s]|-[^0-9])', r"^up[{ ]", r"a\Sb", r"[]x]y", r"[^]\s]z$"]
+    cases = [(wanted.literals, wanted.regexes), (["Traceback", "CUDA out of memory"], extra)]
+    pieces = ['"queue_s":', "\v", "\n", " ", "\t", "up{", "up", "x", "y", "z", "a", "b", "]", "-", "0", "5", "e",
+              "Trace", "back", "CUDA out of", " memory", '"request.scheduled"', '"prompt":', "http ", "h2 "]
+    rng = random.Random(5)
+    for literals, regexes in cases:
+        no_match = words.NoMatch(literals, regexes)
+        scan = re2.compile(("(?m)" + "|".join([*map(re.escape, literals), *regexes])).encode())
+        answers = set()
+        for _ in range(3000):
+            text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))).encode()
+            answers.add(no_match(text))
+            assert no_match(text) == (scan.search(text) is None), text
+        assert answers == {True, False}
+    monkeypatch.setattr(words, "hyperscan", None)
+    assert not words.NoMatch(["x"], [])(b"nothing here")  # (no Hyperscan: not known, RE2 searches)
+    assert words._hyperscan_syntax(r"[\S]") is None and words._hyperscan_syntax("[[:alpha:]\\s]") is None

@@ -307,8 +307,8 @@ class FileParser:
         flags = [_FINISHED in line for line in lines]
         taken = list(compress(range(len(lines)), flags))
         rest_at = list(compress(range(len(lines)), map(not_, flags)))  # each other line's index
-        if rest_at:
-            rest = ("\n".join(compress(lines, map(not_, flags))) + "\n").encode()
+        rest = ("\n".join(compress(lines, map(not_, flags))) + "\n").encode() if rest_at else b""
+        if rest and not self.wanted.no_keyword(rest):  # (most blocks: no keyword in the other lines)
             search, count, find_rest = self.wanted.scanner_bytes.search, rest.count, rest.find
             others, pos, counted, k, end = [], 0, 0, 0, len(rest)
             while pos < end and (m := search(rest, pos)) is not None:

@@ -9,7 +9,7 @@ import re2
 
 from triage import signatures
 from triage.parsers import bulk, client, engine_json, gateways, metrics_text, text_logs
-from triage.parsers.words import Words
+from triage.parsers.words import NoMatch, Words
 
 # Lines that change a file's parsing state whatever rules need: a traceback's frames (named in the OOM
 # that ends it) and the exception line that closes it.
@@ -62,6 +62,7 @@ class Wanted:
         options.max_mem = 64 << 20  # the DFA of a few hundred keywords
         self.scanner = re2.compile("(?m)" + pattern, options)  # one pass over a block, however many keywords
         self.scanner_bytes = re2.compile(("(?m)" + pattern).encode(), options)
+        self.no_keyword = NoMatch(self.literals, self.regexes)  # (bytes the scan would find nothing in)
         # over a whole block: the lines with a catalog keyword, and those with a start-up phase word
         self.block_scanners = tuple(re2.compile(("(?m)" + ("|".join(map(re.escape, words)) or "$^")).encode(), options)
                                     for words in (catalog_words, text_logs.PHASE_WORDS))

@@ -71,3 +71,86 @@ def _on_word(word: int, _start, end: int, _flags, found: list) -> bool:
     found.append(word)
     found.append(end)
     return False
+
+
+class NoMatch:
+    """Whether bytes certainly hold no match of any of some patterns (literals, and regexes in RE2's syntax
+    as a (?m) search reads them): one Hyperscan scan, about twice RE2's speed over this engine's JSON lines.
+    False where one may match, or where Hyperscan is missing or a regex does not translate (search with
+    RE2 then)."""
+
+    def __init__(self, literals: list[str], regexes: list[str]):
+        self.literals, self.regexes = sorted(set(literals)), sorted(set(regexes))
+        self.db = None
+        self.compiled = False
+
+    def _compile(self) -> None:
+        """At the first call (a catalog's keywords take Hyperscan about 25 ms)."""
+        self.compiled = True
+        translated = [_hyperscan_syntax(r) for r in self.regexes]
+        if hyperscan is None or "" in self.literals or None in translated:
+            return
+        patterns = [*(re.escape(w) for w in self.literals), *translated]
+        if not patterns:
+            return
+        db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        try:
+            db.compile(expressions=[p.encode() for p in patterns], ids=list(range(len(patterns))),
+                       elements=len(patterns), flags=[hyperscan.HS_FLAG_SINGLEMATCH | hyperscan.HS_FLAG_MULTILINE
+                                                      | hyperscan.HS_FLAG_ALLOWEMPTY] * len(patterns))
+        except hyperscan.error:
+            return
+        self.db, self.terminated = db, hyperscan.ScanTerminated
+
+    def __call__(self, raw: bytes) -> bool:
+        if not self.compiled:
+            self._compile()
+        if self.db is None:
+            return False
+        try:
+            self.db.scan(raw, match_event_handler=_on_any)
+        except self.terminated:
+            return False
+        return True
+
+
+def _on_any(*_) -> bool:
+    return True  # (the first match ends the scan)
+
+
+_SPACE = r"\t\n\f\r "  # RE2's \s (PCRE's, which Hyperscan follows, has \v too)
+
+
+def _hyperscan_syntax(pattern: str) -> str | None:
+    """An RE2 regex as Hyperscan reads the same language: \\s spelt out; None for \\S or a POSIX class in a
+    class, or an unfinished escape or class."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            pair = pattern[i:i + 2]
+            if len(pair) < 2:
+                return None
+            if pair == r"\s":
+                out.append(_SPACE if in_class else f"[{_SPACE}]")
+            elif pair == r"\S":
+                if in_class:
+                    return None
+                out.append(f"[^{_SPACE}]")
+            else:
+                out.append(pair)
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+        if in_class:
+            if c == "[" and pattern.startswith(":", i):
+                return None  # (a POSIX class: where it ends is not read here)
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            for head in ("^", "]"):  # ("[^]...]", "[]...]": a first "]" is a member)
+                if pattern.startswith(head, i):
+                    out.append(head)
+                    i += 1
+    return None if in_class else "".join(out)

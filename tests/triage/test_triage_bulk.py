@@ -464,3 +464,24 @@ def test_no_match_answers_as_the_re2_scan_does(monkeypatch):
     monkeypatch.setattr(words, "hyperscan", None)
     assert not words.NoMatch(["x"], [])(b"nothing here")  # (no Hyperscan: not known, RE2 searches)
     assert words._hyperscan_syntax(r"[\S]") is None and words._hyperscan_syntax("[[:alpha:]\\s]") is None
+
+
+def _routine_finished(line: str) -> bool:
+    at = line.find('"event":"')
+    return (at >= 0 and line.startswith('"event":"request.finished"', at) and line[:1] == "{"
+            and '"finish_reason":"error"' not in line and '"logger":"loadgen"' not in line)
+
+
+def test_routine_finished_tells_each_line():
+    """bulk.routine_finished tells each line as a look at the line alone would: lines with the event first,
+    second, twice or not at all, nested, failed, the client's own, not starting with "{", empty."""
+    finished = '{"ts":"t","event":"request.finished","finish_reason":"stop","prompt_tokens":1}'
+    lines = [finished, finished.replace("stop", "error"), finished.replace('"ts":"t"', '"logger":"loadgen"'),
+             " " + finished, finished.replace('"ts":"t"', '"event":"request.received"'), "", "{", '"event":"',
+             finished.replace('"ts":"t"', '"x":{"event":"request.received"}'), '{"event":"request.received"}',
+             finished + '"event":"request.finished"', finished[:-1] + ',"x":"\\"event\\":\\"y\\""}', "x" * 40]
+    rng = random.Random(2)
+    for _ in range(200):
+        some = rng.sample(lines, rng.randint(0, len(lines)))
+        assert bulk.routine_finished(some) == list(map(_routine_finished, some))
+    assert bulk.routine_finished(lines).count(True) == 3

@@ -27,7 +27,7 @@ MAX_FRAMES = 60
 # scanned again: a scan that finds every line costs more than it saves. (Lines without a keyword make
 # no event a rule reads: test_triage_reading checks it on every file of the corpus.)
 DENSE, DENSE_BLOCKS = 0.9, 15
-_FINISHED = '"event":"request.finished"'  # (bulk.routine_finished's marker: the line's own event)
+_FINISHED = '"event":"request.finished"'  # (what bulk.routine_finished looks for: the line's own event)
 _VLLM_FORMS = frozenset({"received", "vllm-stats"})  # scanned forms of vLLM's own log (Wanted.bulk_stop_vllm)
 MIN_RUN = 16  # routine lines in a row read in bulk (fewer: line by line, as cheap)
 # After RUNLESS_BLOCKS blocks in a row with no run read in bulk (this engine's JSON log: no line of a
@@ -127,10 +127,14 @@ class FileParser:
         """Runs of MIN_RUN or more lines in a row of items that are this engine's request.finished events
         of requests that did not fail, each as one request.finished.totals event (decoded in one go);
         the other items as they are."""
+        flags = bulk.routine_finished([item[1] if type(item) is tuple else "" for item in items])
+        if all(flags) and len(items) >= MIN_RUN:  # (most blocks: their candidates are one run)
+            totals = bulk.finished_totals(self.file, items, self._row_event)
+            return items if totals is None else [totals]
         out: list = []
         run: list = []
-        for item in [*items, None]:
-            if item is not None and type(item) is tuple and bulk.routine_finished(item[1]):
+        for item, routine in zip([*items, None], [*flags, False], strict=True):
+            if routine:
                 run.append(item)
                 continue
             if run:

@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 from triage.model import Event, Finding
 from triage.parsers import FileParser, Wanted
-from triage.parsers.bulk import FORM_NAMES, TOTALS, kinds_of
+from triage.parsers.bulk import TOTALS
+from triage.parsers.runs import FORM_NAMES, kinds_of
 from triage.reader import Notes, iter_files, read_blocks
 from triage.rules import Facts, Rule, all_rules, dispatch_table
 

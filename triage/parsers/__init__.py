@@ -15,6 +15,7 @@ import orjson
 
 from triage.model import Event
 from triage.parsers import bulk, client, engine_json, gateways, metrics_text, text_logs
+from triage.parsers.runs import SCANNED
 from triage.parsers.wanted import Wanted
 from triage.signatures import scan
 from triage.timeparse import parse_iso
@@ -179,7 +180,7 @@ class FileParser:
                 totals = None
             if totals is None:
                 continue
-            scanned = bulk.SCANNED.intersection(run.found)
+            scanned = SCANNED.intersection(run.found)
             if scanned:
                 vllm = scanned <= _VLLM_FORMS
                 if not (first_scan and vllm):  # (stop_vllm holds stop_prompts' words)

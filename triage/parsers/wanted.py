@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import re2
 
 from triage import signatures
-from triage.parsers import bulk, client, engine_json, gateways, metrics_text, text_logs
+from triage.parsers import bulk, client, engine_json, gateways, metrics_text, runs, text_logs
 from triage.parsers.words import NoMatch, Words
 
 # Lines that change a file's parsing state whatever rules need: a traceback's frames (named in the OOM
@@ -69,9 +69,9 @@ class Wanted:
         # routine lines read in bulk (triage.parsers.bulk): the forms of the kinds that every rule reading
         # them reads as totals too (bulk_kinds), from a source they take
         bulk_kinds = set(bulk_kinds)
-        self.bulk_forms = [name for name in bulk.FORM_NAMES if bulk_kinds and (
-            not bulk.kinds_of(name)[0] or bulk.kinds_of(name)[0] in bulk_kinds and self.takes(*bulk.kinds_of(name)))]
-        self.bulk_runs = bulk.run_finder(self.bulk_forms)
+        self.bulk_forms = [name for name in runs.FORM_NAMES if bulk_kinds and (
+            not runs.kinds_of(name)[0] or runs.kinds_of(name)[0] in bulk_kinds and self.takes(*runs.kinds_of(name)))]
+        self.bulk_runs = runs.run_finder(self.bulk_forms)
         # this engine's request.finished lines among the lines the scan finds, read in bulk too
         self.bulk_finished = "request.finished" in bulk_kinds and self.takes("request.finished", engine_json.SOURCE)
         # every line with this engine's request.finished event is one the scan finds: _scan takes those
@@ -82,11 +82,11 @@ class Wanted:
         # makes the per-line reading take a routine-looking line for something else; each counts vLLM's
         # stats words (a line with them is read as a stats line: as many as the run has stats lines)
         counted = (bulk.STATS_WORDS,)
-        self.bulk_stop = Words([*catalog_words, *text_logs.PHASE_WORDS, *bulk.stop_words()], counted)
+        self.bulk_stop = Words([*catalog_words, *text_logs.PHASE_WORDS, *runs.stop_words()], counted)
         # logged prompts alone: their reading looks for phase words, never for catalog keywords
-        self.bulk_stop_prompts = Words([*text_logs.PHASE_WORDS, *bulk.stop_words(prompts=True)], counted)
+        self.bulk_stop_prompts = Words([*text_logs.PHASE_WORDS, *runs.stop_words(prompts=True)], counted)
         # logged prompts and vLLM's stats lines
-        self.bulk_stop_vllm = Words([*catalog_words, *text_logs.PHASE_WORDS, *bulk.stop_words(vllm=True)],
+        self.bulk_stop_vllm = Words([*catalog_words, *text_logs.PHASE_WORDS, *runs.stop_words(vllm=True)],
                                          counted)
 
     def takes(self, kind: str, source: str | None) -> bool:

@@ -286,15 +286,15 @@ def test_blocks_without_runs_are_read_line_by_line_for_a_while(tmp_path, monkeyp
     """A file whose blocks have no routine lines (this engine's JSON log) is not searched for runs for a
     few blocks: routine lines that come then are read line by line, with the same diagnosis, and those
     after them in bulk again."""
-    import triage.parsers as parsers_module
+    import triage.parsers.blocks as blocks_module
     rng = random.Random(5)
     engine = [_engine(rng, i, T0 + timedelta(milliseconds=50 * i)) for i in range(4000)]  # 3 blocks or so
     access = [_upstreaminfo(rng, i, T0 + timedelta(milliseconds=50 * i)) for i in range(12000)]  # 8 or so
     (tmp_path / "mixed.log").write_text("\n".join(engine + access) + "\n")
     by_line, facts_by_line, _ = _run(tmp_path, monkeypatch, False)
-    monkeypatch.setattr(parsers_module, "RUNLESS_SKIP", 3)
+    monkeypatch.setattr(blocks_module, "RUNLESS_SKIP", 3)
     in_bulk, facts_in_bulk, num_bulk = _run(tmp_path, monkeypatch, True)
-    monkeypatch.setattr(parsers_module, "RUNLESS_BLOCKS", 1000)  # never skipped
+    monkeypatch.setattr(blocks_module, "RUNLESS_BLOCKS", 1000)  # never skipped
     _, _, num_never_skipped = _run(tmp_path, monkeypatch, True)
     assert in_bulk == by_line
     assert facts_in_bulk == facts_by_line

@@ -179,7 +179,7 @@ def test_upstreaminfo_line_with_an_unreadable_upstream_time(urt):
 def test_a_block_of_keyword_lines_makes_the_next_ones_whole():
     """After a block where nearly every line had a keyword (an access log), the next blocks are taken
     whole without a scan, then scanned again."""
-    from triage.parsers import DENSE_BLOCKS
+    from triage.parsers.blocks import DENSE_BLOCKS
 
     parser = FileParser("access.log", _wanted())
     access = "\n".join([ACCESS] * 100) + "\n"

@@ -44,9 +44,10 @@ _EXTRACT = {
     # a form read from the lines that hold a literal (each once), each line by the per-line reading's own
     # field patterns: a few a run
     "vllm-stats": "Avg prompt throughput",
-    # (its first bracket whole: each line of the form starts with its time there; a line of another form
-    # that matches adds a row: the run's count does not add up)
-    "sglang-batch": re.compile(r"\n\[([^\]]*)\] (?:Prefill|Decode) batch, "),
+    # (the first 19 characters of its first bracket: each line of the form starts with its time there;
+    # "] P" or "] D" after the bracket tells it from SGLang's uvicorn line, "] INFO:", and a line of another
+    # form that matches adds a row: the run's count does not add up)
+    "sglang-batch": re.compile(r"\n\[(.{19})[^\]\n]*\] [PD]"),
     # forms counted by literals each of their lines holds (a line of another form holding one too makes
     # more rows than lines: the run is read line by line)
     "uvicorn": ("INFO: ",),  # (once a line of the form; in SGLang's too: a run with both is read line by line)
@@ -307,7 +308,7 @@ def _sglang(run: Run, form: str, rows: list, text: RunText) -> Event | None:
             return None  # a field missing from a line, or in one twice: line by line
         converted = {value: conv(value) for value in set(values)}  # (a few distinct values, read once each)
         columns[key] = list(map(converted.__getitem__, values))
-    first, last = min(rows)[:19], max(rows)[:19]  # "YYYY-MM-DD HH:MM:SS" (first) sorts as it reads
+    first, last = min(rows), max(rows)  # "YYYY-MM-DD HH:MM:SS" sorts as it reads
     return _totals(run, form, len(rows), parse_iso(first), parse_iso(last), {"columns": columns})
 
 

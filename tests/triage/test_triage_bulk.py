@@ -65,6 +65,17 @@ def _vllm(rng, i, t):
     return f'(APIServer pid=1) INFO:     127.0.0.1:{40000 + i} - "GET /metrics HTTP/1.1" 200 OK'
 
 
+def _vllm_keywords(rng, i, t):
+    """Catalog keywords in logged prompts (their reading never looks for one: the runs stay in bulk) and in
+    two stats lines (their reading makes an event of it: those runs are read line by line)."""
+    line = _vllm(rng, i, t)
+    if i % 3 == 0 and i % 7 == 3:
+        return line.replace("where is my order?", "my job printed CUDA error: out of memory, why?")
+    if i in (3602, 4802):  # (stats lines)
+        return line + (", CUDA error: out of memory" if i == 3602 else ", Decode out of memory")
+    return line
+
+
 def _vllm_v0(rng, i, t):
     """vLLM 0.6's stats line (metrics.py, Swapped and Pending, no hit rate), a deep queue and a swap later."""
     if i % 40 == 2:
@@ -176,7 +187,7 @@ def _engine_odd(rng, i, t):
 
 
 FORMS = {"engine": (_engine, "engine-0.log"), "engine-odd": (_engine_odd, "engine-0.log"), "upstreaminfo": (_upstreaminfo, "access.log"), "nginx-kv": (_nginx_kv, "access.log"),
-         "vllm": (_vllm, "vllm.log"), "vllm-v0": (_vllm_v0, "vllm.log"), "vllm-stats-only": (_vllm_stats_only, "vllm.log"),
+         "vllm": (_vllm, "vllm.log"), "vllm-keywords": (_vllm_keywords, "vllm.log"), "vllm-v0": (_vllm_v0, "vllm.log"), "vllm-stats-only": (_vllm_stats_only, "vllm.log"),
          "sglang": (_sglang, "sglang.log"), "envoy": (_envoy, "envoy.log"),
          "envoy-one-order": (lambda rng, i, t: _envoy(rng, i, t, mixed=False), "envoy.log"),
          "envoy-offset": (lambda rng, i, t: _envoy(rng, i, t, mixed=False).replace('Z"', '+01:00"'), "envoy.log")}
@@ -233,7 +244,7 @@ def test_bulk_reading_gives_the_line_by_line_diagnosis(tmp_path, monkeypatch, na
     in_bulk, facts_in_bulk, num_bulk = _run(tmp_path, monkeypatch, True)
     assert none == 0
     # nearly every line a rule reads was read in bulk
-    assert num_bulk > {"engine": 0.8, "engine-odd": 0.2}.get(name, 0.9) * facts_in_bulk[0][3]
+    assert num_bulk > {"engine": 0.8, "engine-odd": 0.2, "vllm-keywords": 0.4}.get(name, 0.9) * facts_in_bulk[0][3]
     assert in_bulk == by_line
     assert facts_in_bulk == facts_by_line
     assert by_line["findings"]  # the rare lines were found either way

@@ -121,6 +121,7 @@ class BlockReader:
         search, count, newlines = runs.search, raw.count, _newlines
         wanted = self.wanted
         stop, stop_prompts, stop_vllm = wanted.bulk_stop.search, wanted.bulk_stop_prompts.search, wanted.bulk_stop_vllm.search
+        catalog = wanted.block_scanners[0].search  # (the catalog's keywords, over bytes)
         pos = gap = 0  # gap: where the lines not yet handed start
         gap_line = first  # the line number before gap
         while (span := search(raw, pos)) is not None:
@@ -154,6 +155,8 @@ class BlockReader:
                 # line than a stats line
                 if hits is None or len(hits) != bulk.rows_of(totals, "vllm-stats"):
                     continue
+                if vllm and any(catalog(raw, raw.rfind(b"\n", 0, at) + 1, raw.find(b"\n", at)) for at in hits):
+                    continue  # (a stats line with a catalog keyword: its reading makes an event of it)
                 if not vllm and "received" in scanned and run.text.has("#running-req"):
                     continue  # (a prompt the per-line reading takes for a stats line: not among those stop words)
             if gap < start:

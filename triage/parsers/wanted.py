@@ -85,9 +85,9 @@ class Wanted:
         self.bulk_stop = Words([*catalog_words, *text_logs.PHASE_WORDS, *runs.stop_words()], counted)
         # logged prompts alone: their reading looks for phase words, never for catalog keywords
         self.bulk_stop_prompts = Words([*text_logs.PHASE_WORDS, *runs.stop_words(prompts=True)], counted)
-        # logged prompts and vLLM's stats lines
-        self.bulk_stop_vllm = Words([*catalog_words, *text_logs.PHASE_WORDS, *runs.stop_words(vllm=True)],
-                                         counted)
+        # logged prompts and vLLM's stats lines (the catalog's keywords are looked for in the stats lines alone:
+        # of such a run's lines, only their reading looks for them; FileParser._pieces)
+        self.bulk_stop_vllm = Words([*text_logs.PHASE_WORDS, *runs.stop_words(vllm=True)], counted)
 
     def takes(self, kind: str, source: str | None) -> bool:
         """Whether any rule reads events of kind from source (None: some source)."""

@@ -475,6 +475,7 @@ def test_no_match_answers_as_the_re2_scan_does(monkeypatch):
     monkeypatch.setattr(words, "hyperscan", None)
     assert not words.NoMatch(["x"], [])(b"nothing here")  # (no Hyperscan: not known, RE2 searches)
     assert words._hyperscan_syntax(r"[\S]") is None and words._hyperscan_syntax("[[:alpha:]\\s]") is None
+    assert words._hyperscan_syntax(r"a\vb") is None and words._hyperscan_syntax(r"\C") is None
 
 
 def _routine_finished(line: str) -> bool:

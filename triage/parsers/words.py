@@ -119,11 +119,12 @@ def _on_any(*_) -> bool:
 
 
 _SPACE = r"\t\n\f\r "  # RE2's \s (PCRE's, which Hyperscan follows, has \v too)
+_PCRE_ONLY = frozenset("vVhHRNKXC")  # escapes read otherwise by the two (RE2: \v is one character, \C any byte)
 
 
 def _hyperscan_syntax(pattern: str) -> str | None:
     """An RE2 regex as Hyperscan reads the same language: \\s spelt out; None for \\S or a POSIX class in a
-    class, or an unfinished escape or class."""
+    class, an escape the two read otherwise, or an unfinished escape or class."""
     out, i, in_class = [], 0, False
     while i < len(pattern):
         c = pattern[i]
@@ -137,6 +138,8 @@ def _hyperscan_syntax(pattern: str) -> str | None:
                 if in_class:
                     return None
                 out.append(f"[^{_SPACE}]")
+            elif pair[1] in _PCRE_ONLY:
+                return None
             else:
                 out.append(pair)
             i += 2

@@ -39,12 +39,16 @@ def finding_disabled(rule, cand) -> Finding | None:
         cand.counter.append("prefix-cache query counters stayed flat while prompt tokens grew")
     if not cand.num_decisive:
         return None
-    if rule.num_requests >= 10 and not _reuse(rule):
+    reuse = _reuse(rule)
+    if rule.num_requests >= 10 and not reuse:
         return None  # caching is off, but no prompt would have hit anyway
+    # Off alone is a setting, not an incident (vLLM V0's default: its config line says so in every start-up):
+    # a hint until prompts that share their first blocks show what it costs.
     return cand.finding(
         TITLE + ": prefix caching is disabled",
         "Prefix caching is turned off in the engine's configuration, so every prompt is computed from "
-        "scratch, however much it shares with the ones before." + _rate_text(rule), STEPS["disabled"])
+        "scratch, however much it shares with the ones before." + _rate_text(rule), STEPS["disabled"],
+        confidence=None if reuse else Confidence.LOW)
 
 
 def _dynamic_count(rule) -> tuple[int, list, int]:

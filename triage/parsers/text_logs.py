@@ -125,9 +125,10 @@ _PHASES = (
                         "llama_context: constructing llama_context", "llama_new_context_with_model: n_ctx",
                         "KV Cache is allocated", "Capture cuda graph begin")),  # (the last two: SGLang)
     ("phase.serving", ("Application startup complete", "Uvicorn running on", "server is listening on",
-                       "llama runner started", "Server started", "Started GRPCInferenceService",
+                       "llama runner started", "llama-server started in", "Server started", "Started GRPCInferenceService",
                        "Started HTTPService", "fired up and ready to roll",
-                       "main: listening on")),  # (llama-server 2026: "srv          main: listening on http://...")
+                       "main: listening on")),  # (llama-server 2026: "srv          main: listening on http://...";
+    # Ollama May 2026+, which runs llama-server: "llama-server started in 4.01 seconds")
     # Triton's "failed to load 'm' version 1: <error>" names the load phase in the failing line itself
     ("phase.weights_loading", ("Starting to load model", "Loading safetensors checkpoint", "Loading weights",
                                "llm_load_tensors", "load_tensors:", "Loading model weights", "failed to load '",

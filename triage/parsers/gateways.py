@@ -15,8 +15,11 @@ _UPSTREAM = re.compile(r'upstream: "(?:https?://)?(?P<addr>[^/"]+)')
 _HAPROXY = re.compile(
     r'haproxy\[\d+\]: (?P<client>\S+) \[(?P<time>[^\]]+)\] \S+ (?P<backend>\S+) (?P<timers>[-\d/+]+) '
     r'(?P<status>-?\d+) (?P<bytes>\d+) \S+ \S+ (?P<term>\S{4}) .*?"(?P<request>[^"]*)"')
+# Envoy's default format; Istio's sidecar and gateway format has more fields after the flags: (1.9+)
+# %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% "%UPSTREAM_TRANSPORT_FAILURE_REASON%", (1.5-1.8) two quoted ones
 _ENVOY = re.compile(
-    r'^\[(?P<ts>[^\]]+)\] "(?P<request>[^"]*)" (?P<status>\d+) (?P<flags>\S+) (?P<rx>\d+) (?P<tx>\d+) '
+    r'^\[(?P<ts>[^\]]+)\] "(?P<request>[^"]*)" (?P<status>\d+) (?P<flags>\S+) '
+    r'(?:\S+ \S+ "[^"]*" |"[^"]*" "[^"]*" )?(?P<rx>\d+) (?P<tx>\d+) '
     r'(?P<duration>\d+|-) (?P<upstream_time>\S+) "[^"]*" "[^"]*" "(?P<rid>[^"]*)" "[^"]*" "(?P<upstream>[^"]*)"')
 _ALB = re.compile(
     r'^(?:https?|h2|grpcs?|wss?) (?P<ts>\S+) \S+ (?P<client>\S+) (?P<target>\S+) (?P<rpt>\S+) (?P<tpt>\S+) '

@@ -35,7 +35,7 @@ STEPS_BUFFERING = [
 ]
 
 
-def crash_finding(rule) -> Finding:
+def crash_finding(rule, confidence: Confidence | None = None) -> Finding:
     c = rule.crash
     for ev in rule.stream_cuts:
         c.add(ev, ev.kind, False)
@@ -43,7 +43,7 @@ def crash_finding(rule) -> Finding:
         "The engine crashed or stopped answering",
         "The engine died (a fatal error, or its process went away); the gateway then found nothing listening "
         "(connection refused, 502) or saw upstream connections close mid-stream. Cut streams and 502s "
-        "here are symptoms of the crash.", STEPS_CRASH)
+        "here are symptoms of the crash.", STEPS_CRASH, confidence)
 
 
 def _timeout_time(rule) -> tuple[float, int] | None:

@@ -3,7 +3,7 @@
 from collections import Counter
 from itertools import compress, repeat
 
-from triage.model import Event, Finding
+from triage.model import Confidence, Event, Finding
 from triage.rules import Candidate, Facts, Need, Rule, column, needs_of, request_ids_of
 from triage.rules import stream_text as T
 
@@ -69,6 +69,9 @@ class StreamRule(Rule):
         # files (or headers) that set buffering either way: a default counts only beside a broken stream
         self.default_buffering: dict[str, Event] = {}
         self.buffering_set: set[str] = set()
+        # low-confidence hints of a dead engine (the openai SDK's APIConnectionError, raised for any transport
+        # error): evidence beside other signs of a crash, a low finding alone, nothing beside a cut stream
+        self.weak_crash: list[Event] = []
 
     def handlers(self):
         return {
@@ -133,6 +136,10 @@ class StreamRule(Rule):
         self.crash.add(ev, ev.kind, False)
 
     def _client_connect_refused(self, ev: Event) -> None:
+        if ev.fields.get("confidence") == "low":
+            if len(self.weak_crash) < 8:
+                self.weak_crash.append(ev)
+            return
         self.crash.add(ev, ev.kind, False, request_ids_of(ev))
 
     # --- gateway timeout ---
@@ -290,7 +297,13 @@ class StreamRule(Rule):
     def findings(self, facts: Facts) -> list[Finding]:
         self._default_buffering()  # before the timeout finding takes the cut streams as its own evidence
         out: list[Finding] = []
-        if self.crash:
+        weak_alone = not (self.crash or self.timeout or self.stream_cuts)
+        if self.crash or weak_alone:
+            for ev in self.weak_crash:
+                self.crash.add(ev, ev.kind, False, request_ids_of(ev))
+        if self.crash and weak_alone:
+            out.append(T.crash_finding(self, Confidence.LOW))
+        elif self.crash:
             if self.shutdown_errors:
                 first = self.shutdown_errors[0]
                 self.crash.counter.append(f"{first.file}:{first.line}: logged after a requested shutdown, so "

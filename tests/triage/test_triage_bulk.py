@@ -186,7 +186,27 @@ def _engine_odd(rng, i, t):
     return line if odd is None else line.replace(*odd, 1)
 
 
-FORMS = {"engine": (_engine, "engine-0.log"), "engine-odd": (_engine_odd, "engine-0.log"), "upstreaminfo": (_upstreaminfo, "access.log"), "nginx-kv": (_nginx_kv, "access.log"),
+# Lines the split of a block at the finished event's literal (BlockReader._finished_block) must give back
+# to the general reading: the literal twice in a line, another event key first, no JSON object, a failed
+# request, the client's own log; each in a block of its own among blocks read whole
+_FAST_ODD = {
+    1403: ('"event":"request.finished",', '"event":"request.finished","of":{"event":"request.finished"},'),
+    2603: ('"level":"info",', '"level":"info","event":"request.first_token","x":1,'),
+    3803: ('{"ts":', 'I1129 {"ts":'),
+    5003: ('"finish_reason":"stop"', '"finish_reason":"error","error":"CUDA out of memory"'),
+    6203: ('"logger":"llmserve"', '"logger":"loadgen"'),
+}
+
+
+def _engine_blocks(rng, i, t):
+    """Blocks of routine lines (a request.finished line of each request), the odd lines of _FAST_ODD among them."""
+    line = _engine(rng, i, t).replace('"queue_s":2.5,', '"queue_s":0.002,')  # (_engine's rare lines made routine)
+    line = line.replace('"finish_reason":"error","error":"CUDA out of memory"', '"finish_reason":"stop"')
+    return line.replace(*_FAST_ODD[i], 1) if i in _FAST_ODD else line
+
+
+FORMS = {"engine": (_engine, "engine-0.log"), "engine-odd": (_engine_odd, "engine-0.log"),
+         "engine-blocks": (_engine_blocks, "engine-0.log"), "upstreaminfo": (_upstreaminfo, "access.log"), "nginx-kv": (_nginx_kv, "access.log"),
          "vllm": (_vllm, "vllm.log"), "vllm-keywords": (_vllm_keywords, "vllm.log"), "vllm-v0": (_vllm_v0, "vllm.log"), "vllm-stats-only": (_vllm_stats_only, "vllm.log"),
          "sglang": (_sglang, "sglang.log"), "envoy": (_envoy, "envoy.log"),
          "envoy-one-order": (lambda rng, i, t: _envoy(rng, i, t, mixed=False), "envoy.log"),
@@ -196,7 +216,7 @@ FORMS = {"engine": (_engine, "engine-0.log"), "engine-odd": (_engine_odd, "engin
 def _write(folder, name):
     make, file = FORMS[name]
     rng = random.Random(7)
-    lines = [make(rng, i, T0 + timedelta(milliseconds=50 * i)) for i in range(LINES)]
+    lines = [make(rng, i, T0 + timedelta(milliseconds=50 * i)) for i in range(LINES if name != "engine-blocks" else 10_000)]
     while sum(map(len, lines)) < 600_000:
         lines += lines[-LINES:]
     (folder / file).write_text("\n".join(lines) + "\n")
@@ -252,6 +272,28 @@ def test_bulk_reading_gives_the_line_by_line_diagnosis(tmp_path, monkeypatch, na
         assert row_types == ({"FinishedRow", "dict"} if name == "engine-odd" else {"FinishedRow"})
 
 
+def test_blocks_of_routine_finished_lines_are_read_whole(tmp_path, monkeypatch):
+    """A block whose request.finished lines are all routine and whose other lines hold no keyword is one
+    totals event; a block with an odd line (_FAST_ODD) is read the general way (the diagnosis is the same:
+    test_bulk_reading_gives_the_line_by_line_diagnosis)."""
+    import triage.parsers.blocks as blocks_module
+    whole = blocks_module.BlockReader._finished_block
+    taken: dict[range, bool] = {}
+
+    def recording(self, first, block, raw):
+        out = whole(self, first, block, raw)
+        taken[range(first + 1, first + block.count("\n") + 1)] = out is not None
+        return out
+
+    monkeypatch.setattr(blocks_module.BlockReader, "_finished_block", recording)
+    _write(tmp_path, "engine-blocks")
+    _run(tmp_path, monkeypatch, True)
+    odd = {lines: any(i + 1 in lines for i in _FAST_ODD) for lines in taken}
+    assert sum(odd.values()) == len(_FAST_ODD)  # (each in a block of its own)
+    assert {lines: not is_odd for lines, is_odd in odd.items()} == taken
+    assert sum(taken.values()) >= 3
+
+
 def test_a_rule_without_totals_gets_every_line(tmp_path):
     """A kind is read in bulk only when every rule that reads it reads its totals too."""
     from triage.rules import Need, Rule
@@ -298,6 +340,9 @@ def test_blocks_without_runs_are_read_line_by_line_for_a_while(tmp_path, monkeyp
     few blocks: routine lines that come then are read line by line, with the same diagnosis, and those
     after them in bulk again."""
     import triage.parsers.blocks as blocks_module
+    # (blocks of request.finished lines that are all routine are one totals event, never searched for runs:
+    # here they go the general way, as a block with a failed request or a keyword does)
+    monkeypatch.setattr(blocks_module.BlockReader, "_finished_block", lambda *args: None)
     rng = random.Random(5)
     engine = [_engine(rng, i, T0 + timedelta(milliseconds=50 * i)) for i in range(4000)]  # 3 blocks or so
     access = [_upstreaminfo(rng, i, T0 + timedelta(milliseconds=50 * i)) for i in range(12000)]  # 8 or so

@@ -2,8 +2,8 @@
 the way grep does (one scan of every keyword over the block), and the runs of routine lines in it read in
 bulk (triage.parsers.bulk) instead of line by line. FileParser (triage.parsers) parses what it hands over."""
 
-from itertools import compress
-from operator import not_
+from itertools import compress, repeat
+from operator import getitem, not_
 
 from triage.model import Event
 from triage.parsers import bulk, client
@@ -85,8 +85,51 @@ class BlockReader:
         if len(raw) != len(block):  # not ASCII
             return self.candidates(first, block)
         if self.wanted.bulk_finished and b'"event":"request.finished"' in raw:
+            if self.wanted.finished_literal and not self.dense:
+                whole = self._finished_block(first, block, raw)
+                if whole is not None:
+                    return whole
             return self._finished_runs(self._pieces(first, block, raw, runs))
         return self._pieces(first, block, raw, runs)
+
+    def _finished_block(self, first: int, block: str, raw: bytes) -> list | None:
+        """The pieces of an ASCII block of this engine's JSON log whose request.finished lines are all of
+        requests that did not fail and whose other lines hold no keyword (most blocks of such a log): one
+        request.finished.totals event, its lines found by splitting the block at the event's literal (no
+        split into lines). None for any other block (read as _pieces reads it)."""
+        parts = block.split(_FINISHED)
+        if len(parts) <= MIN_RUN or '"finish_reason":"error"' in block or '"logger":"loadgen"' in block:
+            return None
+        if not all(map(str.__contains__, parts[1:-1], repeat("\n"))):
+            return None  # (a line with the literal twice)
+        cuts = list(map(str.rfind, parts, repeat("\n")))  # (the line end before each literal; -1: none)
+        ends = list(map(str.find, parts, repeat("\n")))  # (the end of the line each part starts)
+        heads = list(map(getitem, parts, map(slice, map((1).__add__, cuts), repeat(None))))
+        heads.pop()
+        if not all(map(str.startswith, heads, repeat("{"))) or '"event":"' in "".join(heads):
+            return None  # (the line's first event key is another, or the line is no JSON object)
+        tails = list(map(getitem, parts[1:], map(slice, ends[1:])))
+        lines = list(map(_FINISHED.join, zip(heads, tails, strict=True)))
+        # the other lines: before the first finished line, between each two, after the last
+        rest = [parts[0][:cuts[0] + 1],
+                *map(getitem, parts[1:-1], map(slice, map((1).__add__, ends[1:-1]), map((1).__add__, cuts[1:-1]))),
+                parts[-1][ends[-1] + 1:]]
+        other = "".join(rest).encode()
+        if other and not self.wanted.no_keyword(other):
+            return None
+
+        def event_of(row: int) -> Event | None:
+            at = -1
+            for _ in range(row + 1):
+                at = block.find(_FINISHED, at + 1)
+            return self._row_event(first + block.count("\n", 0, at) + 1, lines[row])
+
+        totals = bulk.finished_lines_totals(self.file, lines, event_of)
+        if totals is None:
+            return None
+        self._mark(first, block)
+        self.counted = (block, _newlines(raw, 0, len(raw)))
+        return [totals]
 
     def _finished_runs(self, items: list) -> list:
         """Runs of MIN_RUN or more lines in a row of items that are this engine's request.finished events

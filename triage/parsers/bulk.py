@@ -518,10 +518,14 @@ def finished_totals(file: str, items: list, event_of: Callable[[int, str], Event
     """One request.finished.totals event for these (line number, line) items, their decoded objects as
     rows; None when one of them is not what the per-line reading would read as such (read them so).
     Rows are typed (triage.parsers.finished.FinishedRow) where every line decodes so, else orjson's dicts."""
+    return finished_lines_totals(file, list(map(itemgetter(1), items)), lambda row: event_of(*items[row]))
+
+
+def finished_lines_totals(file: str, lines: list[str], event_of: Callable[[int], Event | None]) -> Event | None:
+    """finished_totals of these lines; event_of(k): the event of the k-th (its line number found then)."""
     # (imported here: msgspec takes 10 ms to import, and most logs have no such line)
     from triage.parsers import finished
 
-    lines = list(map(itemgetter(1), items))
     try:
         rows = list(map(finished.decode, lines))
     except finished.NOT_TYPED:
@@ -548,7 +552,7 @@ def finished_totals(file: str, items: list, event_of: Callable[[int, str], Event
         else:
             first, last = _time_range(stamps, parse_iso)
     fields = {"rows": rows, "count": len(rows), "first_ts": first, "last_ts": last, "form": "engine-finished",
-              "event": lambda row: event_of(*items[row])}
+              "event": event_of}
     return Event(first, "engine-json", "request.finished" + TOTALS, fields, file, None, "")
 
 

@@ -102,7 +102,7 @@ _STATS_FIELDS = (
     ("running", re.compile(r"Running: (\d+) reqs"), int),
     ("waiting", re.compile(r"(?:Waiting|Pending): (\d+) reqs"), int),
     ("kv_usage", re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache usage: ([\d.]+)%"), lambda v: float(v) / 100),
-    ("prefix_hit_rate", re.compile(r"Prefix cache hit rate: ([\d.]+)%"), lambda v: float(v) / 100),
+    ("prefix_hit_rate", re.compile(r"Prefix cache hit rate: (?:GPU: )?([\d.]+)%"), lambda v: float(v) / 100),
     ("preemptions", re.compile(r"Preemptions: (\d+)"), int),
 )
 _SGL_STATS = (
@@ -112,6 +112,9 @@ _SGL_STATS = (
     ("prefix_hit_tokens", re.compile(r"#cached-token: (\d+)"), int),
     ("new_tokens", re.compile(r"#new-token: (\d+)"), int),
 )
+# vLLM V0 (0.4-0.7) logs its hit rate on a line of its own after each stats line:
+# "Prefix cache hit rate: GPU: 62.35%, CPU: 0.00%"
+_V0_HIT_RATE = "Prefix cache hit rate: GPU: "
 # Checked in this order: "Loading weights took" is a finished load, not a starting one.
 _PHASES = (
     # the engine never finished starting (TGI's launcher, vLLM V1's engine core): an OOM just before it
@@ -144,7 +147,7 @@ PHASE_WORDS = tuple(k for _, keys in _PHASES for k in keys)
 _ANY_PHASE = re2.compile("|".join(map(re.escape, PHASE_WORDS)))
 # triage.parsers.MAKES: the kinds engine_text_events makes, by the words it checks first
 MAKES = (
-    ("engine.stats", None, ("Avg prompt throughput", "#running-req"), ()),
+    ("engine.stats", None, ("Avg prompt throughput", "#running-req", _V0_HIT_RATE), ()),
     ("request.received", None, ("Received request", " details: prompt: "), ()),
     ("request.aborted", None, ("borted",), ()),
     *((kind, None, keys, ()) for kind, keys in _PHASES),
@@ -181,6 +184,8 @@ def engine_text_events(msg: str, phase: bool = True) -> list[tuple[str, dict]]:
     the line is known to hold no phase marker word (its block was scanned for them)."""
     out: list[tuple[str, dict]] = []
     if "Avg prompt throughput" in msg:
+        out.append(("engine.stats", vllm_stats(msg)))
+    elif msg.startswith(_V0_HIT_RATE):
         out.append(("engine.stats", vllm_stats(msg)))
     elif "batch" in msg and "#running-req" in msg:
         fields = _stats(msg, _SGL_STATS)

@@ -94,6 +94,7 @@ class CacheRule(Rule):
         self.prefix_keys: Counter = Counter()  # (first block, second block) -> requests
         self.stats_high: list[float] = []
         self.stats_low: list[float] = []
+        self.last_kv: float | None = None  # vLLM V0 logs its hit rate on a line of its own after the stats line
         self.stats_events: list[Event] = []
         # the highest hit rate while the KV cache had room, and the last: their events, or for rows read in
         # bulk what makes the event (findings() makes it: most are passed by)
@@ -129,8 +130,10 @@ class CacheRule(Rule):
         """What _stats does for each row, a row's event made only where it is kept."""
         cols = ev.fields["columns"]
         rates, kvs = cols.get("prefix_hit_rate"), cols.get("kv_usage")
+        if kvs is not None:
+            self.last_kv = next((kv for kv in reversed(kvs) if kv is not None), self.last_kv)
         if rates is None or kvs is None:
-            return  # (_stats reads nothing of such rows)
+            return  # (_stats reads nothing else of such rows)
         make = ev.fields["event"]
         for row, (rate, kv) in enumerate(zip(rates, kvs, strict=True)):
             self._stat(rate, kv, cache(partial(make, row)))
@@ -289,6 +292,10 @@ class CacheRule(Rule):
     def _stats(self, ev: Event) -> None:
         f = ev.fields
         rate, kv = f.get("prefix_hit_rate"), f.get("kv_usage")
+        if kv is None:
+            kv = self.last_kv
+        else:
+            self.last_kv = kv
         if rate is not None and kv is not None:
             self._stat(rate, kv, ev)
 

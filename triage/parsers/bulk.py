@@ -530,7 +530,8 @@ def finished_lines_totals(file: str, lines: list[str], event_of: Callable[[int],
         rows = list(map(finished.decode, lines))
     except finished.NOT_TYPED:
         rows = None
-    if rows is not None:
+    typed = rows is not None
+    if typed:
         if "loadgen" in set(map(_LOGGER, rows)) or "error" in set(map(_REASON, rows)):
             return None
         stamps = list(map(_TS, rows))
@@ -551,8 +552,9 @@ def finished_lines_totals(file: str, lines: list[str], event_of: Callable[[int],
             first, last = parse_iso(min(stamps)), parse_iso(max(stamps))
         else:
             first, last = _time_range(stamps, parse_iso)
-    fields = {"rows": rows, "count": len(rows), "first_ts": first, "last_ts": last, "form": "engine-finished",
-              "event": event_of}
+    # typed: the rows are FinishedRows, each field of the type it declares (else orjson's dicts, of any)
+    fields = {"rows": rows, "typed": typed, "count": len(rows), "first_ts": first, "last_ts": last,
+              "form": "engine-finished", "event": event_of}
     return Event(first, "engine-json", "request.finished" + TOTALS, fields, file, None, "")
 
 

@@ -187,10 +187,10 @@ class Rule:
         raise NotImplementedError
 
 
-def column(rows: list, name: str) -> list:
+def column(rows: list, name: str, typed: bool = False) -> list:
     """row.get(name) of each of a totals event's rows: by C-level attribute reads where none is a dict (the
-    parsers' typed rows: triage.parsers.finished.FinishedRow)."""
-    if dict in set(map(type, rows)):
+    parsers' typed rows: triage.parsers.finished.FinishedRow; typed: the event says they all are)."""
+    if not typed and dict in set(map(type, rows)):
         return [row.get(name) for row in rows]
     return list(map(attrgetter(name), rows))
 

@@ -43,14 +43,15 @@ def _keep_oldest_half(table: dict) -> None:
 
 
 
-def _alike(rows: list[dict]) -> tuple[list, list, list[tuple]] | None:
+def _alike(rows: list, typed: bool) -> tuple[list, list, list[tuple]] | None:
     """(prompt tokens, cached tokens, fingerprint columns: block i of each) of request.finished rows that
     all have integer token counts and fingerprints of strings of one length (two blocks or more); None
-    for any other rows."""
+    for any other rows. typed: the rows' token counts are integers and their fingerprints lists of strings
+    or None (the parser's typed rows), so only the fingerprints' presence and lengths are looked at."""
     columns_of = []  # (each column read only while the ones before are alike)
     for name, kind in (("prompt_tokens", int), ("cached_tokens", int), ("prefix_fingerprint", list)):
-        values = column(rows, name)
-        if set(map(type, values)) != {kind}:
+        values = column(rows, name, typed)
+        if (None in values if typed and kind is list else not typed and set(map(type, values)) != {kind}):
             return None
         columns_of.append(values)
     prompts, cached, fps = columns_of
@@ -58,7 +59,7 @@ def _alike(rows: list[dict]) -> tuple[list, list, list[tuple]] | None:
     if len(lengths) != 1 or min(lengths) < 2:
         return None
     columns = list(zip(*fps, strict=True))
-    if set(map(type, chain.from_iterable(columns))) != {str}:
+    if not typed and set(map(type, chain.from_iterable(columns))) != {str}:
         return None
     return prompts, cached, columns
 
@@ -172,7 +173,7 @@ class CacheRule(Rule):
         read column by column, their counts summed and their keys made in C, wherever the order cannot change
         what the tables keep; other rows one by one."""
         make, rows = ev.fields["event"], ev.fields["rows"]
-        alike = _alike(rows)
+        alike = _alike(rows, ev.fields.get("typed", False))
         if alike is None:
             for row, f in enumerate(rows):
                 self._finished_row(f, lambda row=row: make(row))

@@ -252,7 +252,7 @@ class StreamRule(Rule):
         room = MAX_SAMPLES - len(self.server_ttft)
         if room <= 0:
             return
-        ttfts = column(rows, "ttft_s")
+        ttfts = column(rows, "ttft_s", ev.fields.get("typed", False))
         timed = [i for i, ttft in enumerate(ttfts) if isinstance(ttft, (int, float))][:room]
         self.server_ttft.extend(float(ttfts[i]) for i in timed)
         for i in timed[:max(0, 2 - len(self.server_samples))]:

@@ -135,7 +135,9 @@ _PHASES = (
     # Triton's "failed to load 'm' version 1: <error>" names the load phase in the failing line itself
     ("phase.weights_loading", ("Starting to load model", "Loading safetensors checkpoint", "Loading weights",
                                "llm_load_tensors", "load_tensors:", "Loading model weights", "failed to load '",
-                               "Load weight begin")),
+                               "Load weight begin",
+                               # Ollama: "waiting for llama runner to start responding" (2024-2026: "llama-server")
+                               "to start responding")),
 )
 # "Received request <id>: prompt: '<prompt>', params": the prompt runs to the first closing quote before
 # ", params" (found by str.find, not by a lazy regex that tries every character of a long prompt)

@@ -65,7 +65,7 @@ class FileParser(BlockReader):
         if (head.isdigit() or head == "[") and self.csv is None and lineno > 3 and (
                 m := gateways.NGINX_UPSTREAMINFO.match(line)):
             return [gateways.upstreaminfo_access(m, self.file, lineno, line)]
-        if (head.isalnum() or head == "\x1b" or line.startswith("[rank")) and (
+        if (head.isalnum() or head == "\x1b" or line.startswith(("[rank", "[pod/"))) and (
                 wrapped := text_logs.unwrap(line)) is not None:
             return self._unwrapped(lineno, line, *wrapped)
         if head == "{":

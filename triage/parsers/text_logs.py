@@ -33,6 +33,8 @@ _JOURNAL = re.compile(r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\
 _LEVELS = {"TRACE", "DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL"}  # (a TGI line: "<ts> ERROR target: ")
 # PyTorch distributed's per-rank prefix on a worker's output ("[rank0]: Traceback ...", "[rank0]:[W1201 ...")
 _RANK = re.compile(r"^\[rank\d+\]: ?")
+# kubectl logs --prefix: "[pod/<pod>/<container>] "
+_KUBECTL_PREFIX = re.compile(r"^\[pod/[\w.-]+/[\w.-]+\] ")
 _KNOWN_START = re.compile(r"[{(\[]|\d|time=|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d |[IWEF]\d{4} ")
 
 
@@ -60,8 +62,13 @@ def unwrap(line: str) -> tuple | None:
             return None
         return parse_iso(ts) if head.isdigit() else parse_syslog(ts), line[m.end():]
     if head == "[":
-        m = _RANK.match(line)
-        return (None, line[m.end():]) if m else None
+        m = _RANK.match(line) or _KUBECTL_PREFIX.match(line)
+        if m is None:
+            return None
+        inner = line[m.end():]
+        if m.re is _KUBECTL_PREFIX and (wrapped := unwrap(inner)) is not None:
+            return wrapped  # (with --timestamps too: the prefix, then the stamp)
+        return None, inner
     if not head.isalnum():
         return None
     m = _COMPOSE.match(line)

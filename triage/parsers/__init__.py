@@ -118,6 +118,10 @@ class FileParser(BlockReader):
             ev = gateways.parse_nginx_json(obj, self.file, lineno, line)
         if ev is None and "EdgeResponseStatus" in obj:
             ev = gateways.parse_cloudflare_json(obj, self.file, lineno, line)
+        if ev is None and "DownstreamStatus" in obj:
+            ev = gateways.parse_traefik_json(obj, self.file, lineno, line)
+        if ev is None and obj.get("msg") == "handled request":
+            ev = gateways.parse_caddy_json(obj, self.file, lineno, line)
         if ev is not None:
             if ev.source == "loadgen" and ev.fields.get("error"):
                 return [ev, *self._client_error_events(ev, lineno, line)]
@@ -125,13 +129,20 @@ class FileParser(BlockReader):
                 "engine.error", "request.rejected") else []
             return [ev, *extra]
         inner = obj.get("log") or obj.get("msg") or obj.get("message") or _error_message(obj.get("error"))
+        error = obj.get("error")
+        if isinstance(error, str) and isinstance(inner, str) and error not in inner and not obj.get("log"):
+            # a structured logger's message and its error field (zap, zerolog, slog: Caddy's "aborting with
+            # incomplete response" and "reading: context canceled", Traefik's "499 Client Closed Request")
+            inner = f'{inner} error="{error}"'
         if isinstance(inner, str):  # docker / k8s JSON wrapping, structured app logs, API error bodies
             events = self._text(lineno, inner.rstrip("\n"))
             ts = obj.get("time") or obj.get("ts") or obj.get("timestamp")
+            ts = parse_iso(ts) if isinstance(ts, str) else gateways.epoch_time(ts) if isinstance(
+                ts, (int, float)) and not isinstance(ts, bool) and ts >= 1e9 else None  # (zap's: Unix seconds)
             for e in events:
                 e.text = line
-                if e.ts is None and isinstance(ts, str):
-                    e.ts = parse_iso(ts)
+                if e.ts is None:
+                    e.ts = ts
             return events
         return []
 

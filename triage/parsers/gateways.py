@@ -1,4 +1,4 @@
-"""Gateway logs: nginx access and error, HAProxy, Envoy, AWS ALB, Cloudflare and uvicorn access lines."""
+"""Gateway logs: nginx access and error, Traefik, Caddy, HAProxy, Envoy, AWS ALB, Cloudflare and uvicorn access lines."""
 
 import re
 from datetime import UTC, datetime
@@ -27,6 +27,9 @@ _ALB = re.compile(
 _UVICORN = re.compile(
     r'^(?:\(\w+ pid=\d+\) )?INFO:\s+(?P<client>[\d.:\[\]a-f]+) - "(?P<request>[^"]*)" (?P<status>\d{3})')
 _TAIL_KV = re.compile(r'(\w+)=("[^"]*"|\S+)')
+# Traefik's own access-log format ("common", its default) after the user agent: the requests since start,
+# the router, the server's URL and the duration: ` 42 "vllm@docker" "http://172.18.0.3:8000" 60001ms`
+_TRAEFIK_TAIL = re.compile(r'^ (?:\d+|-) "[^"]*" "(?P<url>[^"]*)" (?P<ms>\d+)ms$')
 # ingress-nginx `upstreaminfo` after the user agent: request_length request_time [name] [alt] addr len time status id
 # (the times as float() reads them: "1.2.3" or "." is no upstreaminfo line)
 _UPSTREAMINFO = re.compile(
@@ -44,6 +47,8 @@ _CUT_OF_STATUS = {499: "client", 460: "client", 504: "timeout", 502: "upstream_f
 # triage.parsers.MAKES: where each access format's lines are found
 MAKES = (
     ("http.access", "nginx-access", ('] "',), ()),
+    ("http.access", "traefik", ('] "', '"DownstreamStatus"'), ()),  # CLF and JSON access logs
+    ("http.access", "caddy", ('"handled request"',), ()),
     ("http.access", "envoy", ('] "', '"response_code"'), ()),  # text and JSON access logs
     ("http.access", "nginx-access", ('"request_time"', '"upstream_response_time"'), ()),
     ("http.access", "cloudflare", ('"EdgeResponseStatus"',), ()),
@@ -146,8 +151,22 @@ def parse_nginx_access(line: str, file: str, lineno: int) -> Event | None:
     fields = {"client": m.group("client"), "request": m.group("request"), "status": int(m.group("status")),
               "bytes": int(raw_bytes) if raw_bytes != "-" else 0, "duration_s": None, "upstream_s": None,
               "upstream_addr": None, "user_agent": m.group("ua")}
-    _nginx_tail(m.group("tail") or "", fields)
-    return _access(fields, "nginx-access", parse_clf(m.group("time")), file, lineno, line)
+    source = "nginx-access"
+    tail = m.group("tail") or ""
+    if tail.endswith("ms") and (t := _TRAEFIK_TAIL.match(tail)):
+        source = "traefik"
+        fields["duration_s"] = int(t.group("ms")) / 1000
+        fields["upstream_addr"] = _host_port(t.group("url"))
+    else:
+        _nginx_tail(tail, fields)
+    return _access(fields, source, parse_clf(m.group("time")), file, lineno, line)
+
+
+def _host_port(url) -> str | None:
+    """host:port of a server URL ("http://172.18.0.3:8000", "h2c://vllm:8000/"); None for none ("-", "")."""
+    if not isinstance(url, str) or url in ("", "-"):
+        return None
+    return url.partition("://")[2].partition("/")[0] or None
 
 
 def parse_nginx_error(line: str) -> tuple | None:
@@ -261,6 +280,64 @@ def parse_nginx_json(obj: dict, file: str, lineno: int, line: str) -> Event | No
     return _access(fields, "nginx-access", ts, file, lineno, line)
 
 
+def parse_traefik_json(obj: dict, file: str, lineno: int, line: str) -> Event | None:
+    """A Traefik JSON access-log line (accessLog.format: json) under its field names: DownstreamStatus (what
+    the client got), OriginStatus, Duration and OriginDuration in nanoseconds, ServiceAddr (or ServiceURL),
+    ClientHost, RequestMethod, RequestPath, RequestProtocol, StartUTC. None for other JSON."""
+    status = _number(obj.get("DownstreamStatus"))
+    if status is None or not 100 <= status <= 599:
+        return None
+    status = int(status)
+    duration_ns, origin_ns = _number(obj.get("Duration")), _number(obj.get("OriginDuration"))
+    origin_status = _number(obj.get("OriginStatus"))
+    upstream = _scalar(obj.get("ServiceAddr")) or _host_port(_scalar(obj.get("ServiceURL")))
+    method, path = _scalar(obj.get("RequestMethod")) or "", _scalar(obj.get("RequestPath")) or ""
+    fields = {"client": _scalar(obj.get("ClientHost")),
+              "request": f"{method} {path} {_scalar(obj.get('RequestProtocol')) or ''}".strip(), "status": status,
+              "bytes": int(_number(obj.get("DownstreamContentSize")) or 0),
+              "duration_s": duration_ns / 1e9 if duration_ns is not None else None,
+              "upstream_s": origin_ns / 1e9 if origin_ns else None, "upstream_addr": upstream or None,
+              "user_agent": _scalar(obj.get("request_User-Agent")),
+              "upstream_status": str(int(origin_status)) if origin_status else None}
+    ts = obj.get("StartUTC") or obj.get("time")
+    return _access(fields, "traefik", parse_iso(ts) if isinstance(ts, str) else None, file, lineno, line)
+
+
+def parse_caddy_json(obj: dict, file: str, lineno: int, line: str) -> Event | None:
+    """A Caddy access-log entry (msg "handled request", logger http.log.access.*): status, duration (seconds,
+    Caddy's default duration_format, or a Go duration string), size, request.method / uri / proto /
+    client_ip or remote_ip, ts (Unix seconds, Caddy's default, or an ISO time). Status 0 is a request Caddy
+    wrote no response to: its reverse proxy records a client that went away before the upstream's headers
+    so up to 2.10 (499 after). None for other JSON."""
+    status = _number(obj.get("status"))
+    request = obj.get("request")
+    if status is None or not isinstance(request, dict) or not (status == 0 or 100 <= status <= 599):
+        return None
+    status = int(status)
+    method, uri = _scalar(request.get("method")) or "", _scalar(request.get("uri")) or ""
+    client = _scalar(request.get("client_ip")) or _scalar(request.get("remote_ip")) or _scalar(
+        request.get("remote_addr"))
+    fields = {"client": client, "request": f"{method} {uri} {_scalar(request.get('proto')) or ''}".strip(),
+              "status": status, "bytes": int(_number(obj.get("size")) or 0), "duration_s": _go_seconds(obj.get("duration")),
+              "upstream_s": None, "upstream_addr": None, "cut": "client" if status == 0 else cut_for_status(status)}
+    ts = obj.get("ts")
+    return _access(fields, "caddy", parse_iso(ts) if isinstance(ts, str) else epoch_time(ts), file, lineno, line)
+
+
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|\u00b5s|ms|s|m|h)")
+
+
+def _go_seconds(value) -> float | None:
+    """Seconds of a duration logged as a number of seconds or as Go prints one ("1m0.5s", "250ms")."""
+    if not isinstance(value, str):
+        return _number(value)
+    parts = _GO_DURATION.findall(value)
+    if not parts or "".join(a + b for a, b in parts) != value:
+        return _number(value)
+    return sum(float(a) * _GO_UNITS[b] for a, b in parts)
+
+
 # A gateway's statuses (cut_for_status), and Cloudflare's own for what happened at the origin: 524 the
 # origin accepted the connection but sent no response within the proxy read timeout (100 s on most plans);
 # 520 an empty or unknown response (the connection reset or closed); 521 the origin refused the connection;
@@ -268,7 +345,7 @@ def parse_nginx_json(obj: dict, file: str, lineno: int, line: str) -> Event | No
 _CLOUDFLARE_CUT = {**_CUT_OF_STATUS, 524: "timeout", **dict.fromkeys((520, 521, 522, 523), "upstream_failed")}
 
 
-def _epoch(value) -> datetime | None:
+def epoch_time(value) -> datetime | None:
     """A Logpush timestamp: unixnano (the default), unix seconds (timestamps=unix) or RFC3339."""
     if isinstance(value, str) and not value.isdigit():
         return parse_iso(value)
@@ -304,7 +381,7 @@ def parse_cloudflare_json(obj: dict, file: str, lineno: int, line: str) -> Event
     if status is None or not 100 <= status <= 599:
         return None
     status = int(status)
-    start, end = _epoch(obj.get("EdgeStartTimestamp")), _epoch(obj.get("EdgeEndTimestamp"))
+    start, end = epoch_time(obj.get("EdgeStartTimestamp")), epoch_time(obj.get("EdgeEndTimestamp"))
     origin_ms = _number(obj.get("OriginResponseDurationMs"))
     if origin_ms is None and (origin_ns := _number(obj.get("OriginResponseTime"))) is not None:
         origin_ms = origin_ns / 1e6

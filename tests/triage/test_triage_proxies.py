@@ -103,3 +103,14 @@ def test_a_structured_log_lines_error_field_is_read_with_its_message():
     assert events[0].ts.isoformat() == "2024-03-12T10:15:02.551000" and events[0].text == line
     upstream_gone = line.replace("context canceled", "unexpected EOF")
     assert [e.kind for e in FileParser("caddy.log").parse(1, upstream_gone)] == ["gateway.upstream_closed"]
+
+
+def test_litellm_no_deployments_is_a_hint_not_a_queue(tmp_path, diagnose_json):
+    """LiteLLM's router answers 429 'No deployments available' while every deployment cools down after
+    failures: the failures name the cause, the 429 alone is no queue backlog."""
+    (tmp_path / "litellm.log").write_text(
+        "10:20:11 - LiteLLM Proxy:ERROR: proxy_server.py:3436 - litellm.proxy.proxy_server.chat_completion(): "
+        "Exception occured - litellm.RateLimitError: No deployments available for selected model, Try again in 5 "
+        "seconds. Passed model=qwen2.5-7b. pre-call-checks=False, cooldown_list=[]\n")
+    code, doc, err = diagnose_json(tmp_path)
+    assert [f["id"] for f in doc["findings"] if f["confidence"] != "low"] == [], err

@@ -1,7 +1,8 @@
 """Lines inside a log collector's envelope read as the lines themselves: docker compose's service prefix
-(plain and coloured), kubectl logs --timestamps, journalctl's short, short-precise and short-iso heads, CRLF line ends, gzip and rotated files, and an
-engine's and a gateway's lines in one file. Each breadth fixture gives the same first finding however it
-is wrapped, and a healthy one stays quiet."""
+(plain and coloured), kubectl logs --timestamps, journalctl's short, short-precise and short-iso heads, the
+JSON envelopes of docker's json-file, journalctl -o json, Google Cloud Logging, Loki and CloudWatch, CRLF
+line ends, gzip and rotated files, and an engine's and a gateway's lines in one file. Each breadth fixture
+gives the same first finding however it is wrapped, and a healthy one stays quiet."""
 
 import gzip
 import json
@@ -25,7 +26,23 @@ WRAPS = {
     "journald-short-precise": lambda line: "May 09 10:12:03.123456 gpu-host svc[4127]: " + line,
     "journald-short-iso": lambda line: "2025-05-09T10:12:03+0000 gpu-host svc[4127]: " + line,
     "crlf": lambda line: line + "\r",
+    # JSON envelopes, each line a string value (Go's encoder, docker's and Loki's, writes <, > and & as \u003c ...)
+    "docker-json-file": lambda line: _go_json({"log": line + "\n", "stream": "stdout",
+                                                "time": "2025-05-09T10:12:03.123456789Z"}),
+    "journald-json": lambda line: json.dumps({"__REALTIME_TIMESTAMP": "1746785523123456", "_SYSTEMD_UNIT": "llm.service",
+                                              "MESSAGE": line}),
+    "gcp-text-payload": lambda line: json.dumps({"textPayload": line, "timestamp": "2025-05-09T10:12:03.123456Z",
+                                                 "severity": "INFO"}),
+    "gcp-json-payload": lambda line: json.dumps({"jsonPayload": {"message": line},
+                                                 "timestamp": "2025-05-09T10:12:03.123456Z"}),
+    "loki-jsonl": lambda line: _go_json({"labels": {"app": "llm"}, "line": line,
+                                         "timestamp": "2025-05-09T10:12:03.123456789Z"}),
+    "cloudwatch": lambda line: json.dumps({"timestamp": 1746785523123, "message": line, "ingestionTime": 1746785524000}),
 }
+
+
+def _go_json(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _write(case: Path, dest: Path, wrap) -> None:
@@ -64,6 +81,32 @@ def test_wrapped_lines_keep_the_envelope_time_and_quote_the_line_whole(tmp_path,
     ev = doc["findings"][0]["evidence"][0]
     assert ev["text"].startswith("May 09 10:12:03 gpu-host svc[4127]: 10.0.0.7 - - [09/May/2025:10:13:33")
     assert ev["ts"].startswith("2025-05-09T10:13:33")  # the access line's own time, not the envelope's
+
+
+@pytest.mark.parametrize("wrap", ["docker-json-file", "cloudwatch"])
+def test_json_wrapped_lines_keep_their_own_time_and_quote_the_envelope_whole(wrap, tmp_path, diagnose_json):
+    case = BREADTH / "stream-cut-gateway-timeout/nginx-504-access-only"
+    _write(case, tmp_path / "logs", WRAPS[wrap])
+    code, doc, _ = diagnose_json(tmp_path / "logs")
+    ev = doc["findings"][0]["evidence"][0]
+    assert ev["text"].startswith('{"') and '10.0.0.7 - - [09/May/2025:10:13:33' in ev["text"]
+    assert ev["ts"].startswith("2025-05-09T10:13:33")  # the access line's own time, not the envelope's
+
+
+@pytest.mark.parametrize(("envelope", "ts"), [
+    ({"__REALTIME_TIMESTAMP": "1746785523123456"}, "2025-05-09T10:12:03.123456"),  # journald: microseconds
+    ({"timestamp": 1746785523123}, "2025-05-09T10:12:03.123000"),  # CloudWatch: milliseconds
+    ({"ts": 1746785523.5}, "2025-05-09T10:12:03.500000"),  # zap: seconds
+    ({"timestamp": "2025-05-09T10:12:03.123456789Z"}, "2025-05-09T10:12:03.123456"),
+    ({"time": 7}, None), ({"time": True}, None), ({"time": "soon"}, None),
+])
+def test_a_line_without_a_time_takes_its_json_envelope_s(envelope, ts):
+    from triage.parsers import FileParser
+
+    line = json.dumps({**envelope, "MESSAGE": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"})
+    events = FileParser("engine.log").parse(10, line)
+    assert events and {e.text for e in events} == {line}
+    assert {e.ts.isoformat() if e.ts else None for e in events} == {ts}
 
 
 def test_rotated_and_gzipped_files_and_one_mixed_file(tmp_path, diagnose_json):
@@ -117,7 +160,7 @@ def test_a_wrapped_traceback_keeps_its_frames(wrap, tmp_path, diagnose_json):
 HEALTHY = sorted(p.parent.name for p in (BREADTH / "healthy").glob("*/expected.json"))
 
 
-@pytest.mark.parametrize("wrap", ["compose", "kubectl-timestamps", "journald-short-iso"])
+@pytest.mark.parametrize("wrap", ["compose", "kubectl-timestamps", "journald-short-iso", "docker-json-file"])
 @pytest.mark.parametrize("name", HEALTHY)
 def test_a_wrapped_healthy_log_stays_quiet(name, wrap, tmp_path, diagnose_json):
     case = BREADTH / "healthy" / name

@@ -128,17 +128,17 @@ class FileParser(BlockReader):
             extra = self._signature_events(ev.ts, _message_of(obj), ev.source, lineno, line) if ev.kind in (
                 "engine.error", "request.rejected") else []
             return [ev, *extra]
-        inner = obj.get("log") or obj.get("msg") or obj.get("message") or _error_message(obj.get("error"))
+        inner = _envelope_text(obj)
         error = obj.get("error")
         if isinstance(error, str) and isinstance(inner, str) and error not in inner and not obj.get("log"):
             # a structured logger's message and its error field (zap, zerolog, slog: Caddy's "aborting with
             # incomplete response" and "reading: context canceled", Traefik's "499 Client Closed Request")
             inner = f'{inner} error="{error}"'
-        if isinstance(inner, str):  # docker / k8s JSON wrapping, structured app logs, API error bodies
-            events = self._text(lineno, inner.rstrip("\n"))
-            ts = obj.get("time") or obj.get("ts") or obj.get("timestamp")
-            ts = parse_iso(ts) if isinstance(ts, str) else gateways.epoch_time(ts) if isinstance(
-                ts, (int, float)) and not isinstance(ts, bool) and ts >= 1e9 else None  # (zap's: Unix seconds)
+        if isinstance(inner, str):  # a collector's JSON envelope, structured app logs, API error bodies
+            # the line inside is read as any line (an access line, another JSON line, a vLLM line), quoted whole
+            events = self.parse(lineno, inner.rstrip("\n"))
+            self.line = line
+            ts = _envelope_time(obj)
             for e in events:
                 e.text = line
                 if e.ts is None:
@@ -235,6 +235,41 @@ class FileParser(BlockReader):
 
 def head_nginx_error(line: str) -> bool:
     return line[:1].isdigit() and line[4:5] == "/" and line[7:8] == "/"
+
+
+# Where a collector's JSON envelope holds the line: docker's json-file and Fluent Bit ("log"), structured
+# logs and CloudWatch exports ("msg", "message"), journalctl -o json ("MESSAGE"), Google Cloud Logging
+# ("textPayload", or "jsonPayload": {"message": ...}), Loki's logcli --output=jsonl ("line"), CloudWatch
+# Logs Insights ("@message")
+_ENVELOPE_KEYS = ("log", "msg", "message", "MESSAGE", "textPayload", "line", "@message")
+_ENVELOPE_TIMES = ("time", "ts", "timestamp", "@timestamp", "__REALTIME_TIMESTAMP")
+
+
+def _envelope_text(obj: dict) -> str | None:
+    """The text a JSON object wraps (the first of its envelope keys that holds a string), or an API error
+    body's message; None when it wraps none."""
+    for key in _ENVELOPE_KEYS:
+        inner = obj.get(key)
+        if isinstance(inner, str):
+            return inner
+    payload = obj.get("jsonPayload")
+    if isinstance(payload, dict):
+        inner = payload.get("message", payload.get("msg"))
+        if isinstance(inner, str):
+            return inner
+    return _error_message(obj.get("error"))
+
+
+def _envelope_time(obj: dict):
+    """The envelope's time: ISO-8601, or epoch seconds (zap's), milliseconds (CloudWatch's), microseconds
+    (journald's __REALTIME_TIMESTAMP, a string) or nanoseconds; None for anything else."""
+    for key in _ENVELOPE_TIMES:
+        value = obj.get(key)
+        if isinstance(value, str):
+            return gateways.epoch_time(value) if value.isdigit() and len(value) >= 10 else parse_iso(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return gateways.epoch_time(value) if value >= 1e9 else None
+    return None
 
 
 def _error_message(error) -> str | None:

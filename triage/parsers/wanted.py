@@ -2,6 +2,7 @@
 the keywords each format declares for the kinds it makes (MAKES), and from those the one scan over a block
 that finds the lines that may hold such events, the catalog's scanners, and the routine forms read in bulk."""
 
+import json
 import re
 from collections.abc import Iterable
 
@@ -52,10 +53,11 @@ class Wanted:
         for entry in signatures.SIGNATURES if catalog is None else catalog:
             if self.takes(entry.kind, None):
                 literals.add(entry.keyword)
+        literals |= in_json_strings(literals)
         self.literals, self.regexes = sorted(literals), sorted(regexes)
         # the catalog's keywords alone: a line with none of them holds no signature (scan() is not called)
-        catalog_words = sorted({e.keyword for e in (signatures.SIGNATURES if catalog is None else catalog)},
-                               key=len, reverse=True)
+        catalog_words = {e.keyword for e in (signatures.SIGNATURES if catalog is None else catalog)}
+        catalog_words = sorted(catalog_words | in_json_strings(catalog_words), key=len, reverse=True)
         self.signature_scanner = re2.compile("|".join(map(re.escape, catalog_words)) or "$^")
         pattern = "|".join([*(re.escape(w) for w in sorted(literals, key=len, reverse=True)), *regexes])
         options = re2.Options()
@@ -113,6 +115,18 @@ class Wanted:
             if all(_quick_number(line, f'"{key}":') >= bound for key, bound in need.at_least):
                 return True
         return False
+
+
+def in_json_strings(words: Iterable[str]) -> set[str]:
+    """The words as they read inside a JSON string where that differs (a quote, a backslash): a line in a
+    collector's JSON envelope (docker's {"log": "..."}, Loki's "line", Google Cloud's "textPayload") holds
+    its keywords so. Go's encoder (docker, Loki) also writes <, > and & as \\u003c, \\u003e and \\u0026."""
+    out = set()
+    for word in words:
+        plain = json.dumps(word, ensure_ascii=False)[1:-1]
+        out.add(plain)
+        out.add(plain.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
+    return out - set(words)
 
 
 def _quick_number(line: str, key: str) -> float:

@@ -114,3 +114,20 @@ def test_litellm_no_deployments_is_a_hint_not_a_queue(tmp_path, diagnose_json):
         "seconds. Passed model=qwen2.5-7b. pre-call-checks=False, cooldown_list=[]\n")
     code, doc, err = diagnose_json(tmp_path)
     assert [f["id"] for f in doc["findings"] if f["confidence"] != "low"] == [], err
+
+
+@pytest.mark.parametrize(("line", "status", "upstream", "upstream_status"), [
+    ('[12/Mar/2024:10:15:32 +0000] - 504 504 - POST https llm.example.com "/api/chat" [Client 10.0.0.5] '
+     '[Length 167] [Gzip -] [Sent-to 172.18.0.3] "Mozilla/5.0 (X11; Linux x86_64)" "https://llm.example.com/"',
+     504, "172.18.0.3", "504"),
+    ('[12/Mar/2024:10:15:32 +0000] - - 499 - POST https llm.example.com "/api/chat" [Client 10.0.0.5] '
+     '[Length 0] [Gzip -] [Sent-to ollama] "Mozilla/5.0 (X11; Linux x86_64)" "-"', 499, "ollama", None),
+    ('[12/Mar/2024:10:15:32 +0000] 502 - POST https llm.example.com "/api/chat" [Client 10.0.0.5] '
+     '[Length 166] [Gzip 3.21] "Mozilla/5.0 (X11; Linux x86_64)" "-"', 502, None, None),  # log_format standard
+])
+def test_nginx_proxy_manager_access_line(line, status, upstream, upstream_status):
+    ev = _access(line)
+    f = ev.fields
+    assert ev.source == "nginx-access" and ev.ts.isoformat() == "2024-03-12T10:15:32"
+    assert (f["status"], f["upstream_addr"], f.get("upstream_status"), f["method"], f["path"], f["client"]) == (
+        status, upstream, upstream_status, "POST", "/api/chat", "10.0.0.5")

@@ -12,6 +12,14 @@ _NGINX_ACCESS = re.compile(
 _NGINX_ERROR = re.compile(
     r"^(?P<ts>\d{4}/\d\d/\d\d \d\d:\d\d:\d\d) \[(?P<level>\w+)\] \d+#\d+: (?:\*\d+ )?(?P<msg>.*)$")
 _UPSTREAM = re.compile(r'upstream: "(?:https?://)?(?P<addr>[^/"]+)')
+# Nginx Proxy Manager's own log_format "proxy" (its proxy hosts' access logs), and "standard" without the
+# cache and upstream statuses and Sent-to: `[$time_local] $upstream_cache_status $upstream_status $status -
+# $request_method $scheme $host "$request_uri" [Client $remote_addr] [Length $body_bytes_sent] [Gzip
+# $gzip_ratio] [Sent-to $server] "$http_user_agent" "$http_referer"`
+_NPM = re.compile(
+    r'^\[(?P<time>[^\]]+)\] (?:\S+ (?P<us>\S+(?:, \S+)*) )?(?P<status>\d{3}) - (?P<method>\S+) \S+ \S+ "(?P<uri>[^"]*)" '
+    r'\[Client (?P<client>[^\]]*)\] \[Length (?P<bytes>\d+|-)\] \[Gzip [^\]]*\](?: \[Sent-to (?P<upstream>[^\]]*)\])? '
+    r'"(?P<ua>[^"]*)"')
 _HAPROXY = re.compile(
     r'haproxy\[\d+\]: (?P<client>\S+) \[(?P<time>[^\]]+)\] \S+ (?P<backend>\S+) (?P<timers>[-\d/+]+) '
     r'(?P<status>-?\d+) (?P<bytes>\d+) \S+ \S+ (?P<term>\S{4}) .*?"(?P<request>[^"]*)"')
@@ -146,7 +154,7 @@ def parse_nginx_access(line: str, file: str, lineno: int) -> Event | None:
         return upstreaminfo_access(m, file, lineno, line)
     m = _NGINX_ACCESS.match(line)
     if m is None:
-        return None
+        return _npm_access(line, file, lineno) if line[:1] == "[" else None
     raw_bytes = m.group("bytes")
     fields = {"client": m.group("client"), "request": m.group("request"), "status": int(m.group("status")),
               "bytes": int(raw_bytes) if raw_bytes != "-" else 0, "duration_s": None, "upstream_s": None,
@@ -160,6 +168,21 @@ def parse_nginx_access(line: str, file: str, lineno: int) -> Event | None:
     else:
         _nginx_tail(tail, fields)
     return _access(fields, source, parse_clf(m.group("time")), file, lineno, line)
+
+
+def _npm_access(line: str, file: str, lineno: int) -> Event | None:
+    """An Nginx Proxy Manager access line: status and upstream, no timings (its formats log none)."""
+    m = _NPM.match(line)
+    if m is None:
+        return None
+    raw_bytes, upstream = m.group("bytes"), m.group("upstream")
+    fields = {"client": m.group("client"), "request": f'{m.group("method")} {m.group("uri")}',
+              "status": int(m.group("status")), "bytes": int(raw_bytes) if raw_bytes != "-" else 0,
+              "duration_s": None, "upstream_s": None, "upstream_addr": upstream if upstream not in (None, "-") else None,
+              "user_agent": m.group("ua")}
+    if m.group("us") and m.group("us") != "-":
+        fields["upstream_status"] = m.group("us")
+    return _access(fields, "nginx-access", parse_clf(m.group("time")), file, lineno, line)
 
 
 def _host_port(url) -> str | None:

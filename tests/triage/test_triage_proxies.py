@@ -6,6 +6,7 @@ import json
 import pytest
 
 from triage.parsers import FileParser
+from triage.parsers.text_logs import split_envelope
 
 TRAEFIK_CLF = ('10.0.0.5 - - [12/Mar/2024:10:15:02 +0000] "POST /v1/chat/completions HTTP/1.1" 504 15 "-" '
                '"OpenAI/Python 1.14.0" 1542 "vllm@docker" "http://172.18.0.3:8000" 60001ms')
@@ -131,3 +132,22 @@ def test_nginx_proxy_manager_access_line(line, status, upstream, upstream_status
     assert ev.source == "nginx-access" and ev.ts.isoformat() == "2024-03-12T10:15:32"
     assert (f["status"], f["upstream_addr"], f.get("upstream_status"), f["method"], f["path"], f["client"]) == (
         status, upstream, upstream_status, "POST", "/api/chat", "10.0.0.5")
+
+
+@pytest.mark.parametrize(("line", "ts", "message"), [
+    ("[Wed Mar 13 10:15:02.123456 2024] [proxy_http:error] [pid 9:tid 140311105029824] (70007)The timeout specified "
+     "has expired: [client 10.0.0.5:53211] AH01102: error reading status line from remote server 127.0.0.1:8000",
+     "2024-03-13T10:15:02", "(70007)The timeout specified has expired: [client 10.0.0.5:53211] AH01102: "),
+    ("[Sun Mar  3 10:15:02 2024] [error] [client 10.0.0.5] (70007)The timeout specified has expired: proxy: error "
+     "reading status line from remote server 127.0.0.1", "2024-03-03T10:15:02", "[client 10.0.0.5] (70007)"),
+    ('time="2023-06-01T10:05:12Z" level=debug msg="\'499 Client Closed Request\' caused by: context canceled"',
+     "2023-06-01T10:05:12", "'499 Client Closed Request' caused by"),
+    ('2024/03/12 10:15:02.118\tWARN\thttp.handlers.reverse_proxy\taborting with incomplete response\t{"error": '
+     '"reading: context canceled"}', "2024-03-12T10:15:02", "WARN\thttp.handlers.reverse_proxy\taborting"),
+])
+def test_proxy_error_log_heads_give_the_time(line, ts, message):
+    """Apache httpd's error log, logrus's text format (Traefik 2.x) and Go's slash-dated heads (zap's console
+    encoder, Caddy in a terminal): the time is read and the message is what follows it."""
+    events = FileParser("error.log").parse(1, line)
+    assert events and all(e.ts.isoformat() == ts for e in events)
+    assert split_envelope(line)[1].startswith(message)

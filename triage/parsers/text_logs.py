@@ -4,7 +4,7 @@ import re
 
 import re2
 
-from triage.timeparse import parse_glog, parse_iso, parse_md_hms, parse_slash, parse_syslog
+from triage.timeparse import parse_clf, parse_glog, parse_iso, parse_md_hms, parse_slash, parse_syslog
 
 _VLLM = re.compile(
     r"^(?:\((?P<proc>[\w.-]+)(?: rank=\d+)? pid=\d+\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d\d-\d\d) "
@@ -18,6 +18,14 @@ _GLOG = re.compile(r"^(?P<stamp>[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+)\s+\d+ [\w.]+:\d
 _SYSLOG = re.compile(r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ [\w./-]+(?:\[\d+\])?: (?P<msg>.*)$")
 _DMESG = re.compile(r"^\[\s*\d+\.\d+\] (?P<msg>.*)$")
 _ISO_LEAD = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d[.,\d]*(?:Z|[+-]\d\d:?\d\d)?)[\s|,-]+(?P<msg>.*)$")
+# Go's log package and zap's console encoder (Caddy run in a terminal): "2024/03/12 10:15:02.118\tWARN\t..."
+_SLASH_LEAD = re.compile(r"^(?P<ts>\d{4}/\d\d/\d\d \d\d:\d\d:\d\d)(?:\.\d+)?\s+(?P<msg>.*)$")
+# logrus's text format (Traefik 2.x, Docker and other Go programs): time="2023-06-01T10:05:12Z" level=debug msg="..."
+_LOGRUS = re.compile(r'^time="?(?P<ts>[^" ]+)"? level=\w+ msg=(?P<msg>.*)$')
+# Apache httpd's error log, 2.4 ("[Wed Mar 13 10:15:02.123456 2024] [proxy_http:error] [pid 9:tid 1] ...") and 2.2
+# ("[Wed Mar 13 10:15:02 2024] [error] [client 1.2.3.4] ...")
+_APACHE = re.compile(r"^\[(?P<ts>[A-Z][a-z]{2} (?P<mon>[A-Z][a-z]{2}) (?P<day>[ \d]\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? "
+                     r"(?P<year>\d{4}))\] \[[\w-]*:?\w+\] (?:\[pid [^\]]*\] )?(?P<msg>.*)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -89,6 +97,8 @@ def split_envelope(line: str) -> tuple:
             return parse_iso(m.group("ts")), m.group("msg"), "tgi"
         if m := _ISO_LEAD.match(line):
             return parse_iso(m.group("ts")), m.group("msg"), "text"
+        if line[4:5] == "/" and (m := _SLASH_LEAD.match(line)):
+            return parse_slash(m.group("ts")), m.group("msg"), "text"
     if head == "[":
         if m := _SGLANG.match(line):
             return parse_iso(m.group("ts")), m.group("msg"), "sglang"
@@ -96,8 +106,13 @@ def split_envelope(line: str) -> tuple:
             return parse_slash(m.group("ts").replace(" - ", " ")), m.group("msg"), "ollama"
         if m := _DMESG.match(line):
             return None, m.group("msg"), "kernel"
+        if m := _APACHE.match(line):
+            ts = parse_clf(f"{m.group('day').strip():0>2}/{m.group('mon')}/{m.group('year')}:{m.group('hms')} +0000")
+            return ts, m.group("msg"), "text"
     if head == "t" and (m := _OLLAMA.match(line)):
         return parse_iso(m.group("ts")), m.group("msg").strip('"'), "ollama"
+    if head == "t" and (m := _LOGRUS.match(line)):
+        return parse_iso(m.group("ts")), m.group("msg").strip('"'), "text"
     if head in "IWEF" and (m := _GLOG.match(line)):
         return parse_glog(m.group("stamp")), m.group("msg"), "triton"
     if head.isupper() and (m := _SYSLOG.match(line)):

@@ -151,3 +151,13 @@ def test_proxy_error_log_heads_give_the_time(line, ts, message):
     events = FileParser("error.log").parse(1, line)
     assert events and all(e.ts.isoformat() == ts for e in events)
     assert split_envelope(line)[1].startswith(message)
+
+
+def test_caddy_console_access_entry():
+    line = ('2024/03/12 10:15:32.118\tERROR\thttp.log.access.log0\thandled request\t{"request": {"remote_ip": '
+            '"10.0.0.5", "client_ip": "10.0.0.5", "proto": "HTTP/1.1", "method": "POST", "host": "llm.example.com", '
+            '"uri": "/v1/chat/completions"}, "bytes_read": 1842, "user_id": "", "duration": 30.001532, "size": 0, '
+            '"status": 504, "resp_headers": {"Server": ["Caddy"]}}')
+    ev = _access(line)
+    assert ev.source == "caddy" and ev.ts.isoformat() == "2024-03-12T10:15:32"
+    assert (ev.fields["status"], ev.fields["duration_s"], ev.fields["cut"]) == (504, 30.001532, "timeout")

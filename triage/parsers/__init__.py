@@ -161,6 +161,10 @@ class FileParser(BlockReader):
                     line, self.file, lineno)
                 if ev is not None:
                     return ev
+            if head.isdigit() and gateways.CADDY_CONSOLE_ACCESS in line:
+                ev = gateways.parse_caddy_console(line, self.file, lineno)
+                if ev is not None:
+                    return ev
             if head.isdigit() and " loadgen request_id=" in line:
                 return client.parse_loadgen_text(line, self.file, lineno)
             if head.isdigit() and line[23:24] == "Z":

@@ -1,5 +1,6 @@
 """Gateway logs: nginx access and error, Traefik, Caddy, HAProxy, Envoy, AWS ALB, Cloudflare and uvicorn access lines."""
 
+import json
 import re
 from datetime import UTC, datetime
 
@@ -56,7 +57,7 @@ _CUT_OF_STATUS = {499: "client", 460: "client", 504: "timeout", 502: "upstream_f
 MAKES = (
     ("http.access", "nginx-access", ('] "',), ()),
     ("http.access", "traefik", ('] "', '"DownstreamStatus"'), ()),  # CLF and JSON access logs
-    ("http.access", "caddy", ('"handled request"',), ()),
+    ("http.access", "caddy", ('"handled request"', "\thandled request\t"), ()),  # JSON and console
     ("http.access", "envoy", ('] "', '"response_code"'), ()),  # text and JSON access logs
     ("http.access", "nginx-access", ('"request_time"', '"upstream_response_time"'), ()),
     ("http.access", "cloudflare", ('"EdgeResponseStatus"',), ()),
@@ -345,6 +346,25 @@ def parse_caddy_json(obj: dict, file: str, lineno: int, line: str) -> Event | No
               "upstream_s": None, "upstream_addr": None, "cut": "client" if status == 0 else cut_for_status(status)}
     ts = obj.get("ts")
     return _access(fields, "caddy", parse_iso(ts) if isinstance(ts, str) else epoch_time(ts), file, lineno, line)
+
+
+CADDY_CONSOLE_ACCESS = "\thandled request\t{"
+
+
+def parse_caddy_console(line: str, file: str, lineno: int) -> Event | None:
+    """A Caddy access entry in zap's console encoding (Caddy run in a terminal): "2024/03/12 10:15:02.118\tINFO\t
+    http.log.access.log0\thandled request\t{...}", the fields as in the JSON entry."""
+    at = line.find(CADDY_CONSOLE_ACCESS)
+    if at < 0:
+        return None
+    try:
+        obj = json.loads(line[at + len(CADDY_CONSOLE_ACCESS) - 1:])
+    except ValueError:
+        return None
+    ev = parse_caddy_json(obj, file, lineno, line) if isinstance(obj, dict) else None
+    if ev is not None and ev.ts is None:
+        ev.ts = parse_slash(line[:19])
+    return ev
 
 
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -2,6 +2,8 @@
 structured proxy logs read with their message."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +163,15 @@ def test_caddy_console_access_entry():
     ev = _access(line)
     assert ev.source == "caddy" and ev.ts.isoformat() == "2024-03-12T10:15:32"
     assert (ev.fields["status"], ev.fields["duration_s"], ev.fields["cut"]) == (504, 30.001532, "timeout")
+
+
+@pytest.mark.parametrize(("case", "step"), [
+    ("traefik-json-504", "Traefik: raise serversTransport"), ("apache-proxy-read-timeout", "Apache httpd: raise ProxyTimeout"),
+    ("litellm-proxy-timeout-call-id", "LiteLLM: raise timeout"), ("caddy-console-response-header-timeout", "Caddy: raise"),
+])
+def test_a_gateway_timeout_names_the_timeout_of_the_gateway_that_cut(case, step, tmp_path, diagnose_json):
+    folder = tmp_path / case
+    shutil.copytree(Path(__file__).parent / "real" / case, folder, ignore=shutil.ignore_patterns("case.yaml"))
+    code, doc, err = diagnose_json(folder)
+    first = doc["findings"][0]
+    assert first["id"] == "stream-cut-gateway-timeout" and first["next_steps"][0].startswith(step), err

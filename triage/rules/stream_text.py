@@ -23,6 +23,19 @@ STEP_CLOUDFLARE = (
     "behind Cloudflare: the origin must send its response headers within Cloudflare's proxy read timeout (100 s; "
     "only Enterprise plans raise it): stream (stream=true) so the headers go out at once, or send long jobs "
     "through a hostname Cloudflare does not proxy")
+# The timeout to raise behind other gateways than nginx, by the catalog entry (its id's first word) or the
+# access log (its source) that showed the cut
+GATEWAY_TIMEOUT_STEPS = {
+    "traefik": "Traefik: raise serversTransport forwardingTimeouts.responseHeaderTimeout (0, none, by default) or "
+               "remove it for the engine's service; stream so the headers go out at once",
+    "caddy": "Caddy: raise (or remove) reverse_proxy transport http response_header_timeout / read_timeout",
+    "go": "the proxy's response-header timeout (Traefik forwardingTimeouts.responseHeaderTimeout, Caddy "
+          "response_header_timeout): raise it above the longest time to the first token",
+    "apache": "Apache httpd: raise ProxyTimeout (or timeout= on the ProxyPass line; Timeout, 60 s, by default)",
+    "litellm": "LiteLLM: raise timeout / stream_timeout (per model in model_list, or litellm_settings "
+               "request_timeout) above the longest generation",
+    "kong": "Kong: raise the service's read_timeout (60000 ms by default)",
+}
 STEPS_CLIENT = [
     "check the client's own timeout (openai timeout=, httpx.Timeout(read=...)) against the longest answers",
     "count 499s: awk '$9 == 499' access.log | wc -l, and their $request_time spread",
@@ -81,11 +94,16 @@ def timeout_finding(rule) -> Finding:
     if at is not None:
         detail += f" {at[1]} requests lasted {at[0]:.1f} s at the gateway: the configured timeout."
     steps = STEPS_TIMEOUT
+    shown = {sid.partition("-")[0] for sid in t.signature_ids} | {g.signal.partition(".")[0]
+                                                                  for g in t.evidence.groups.values()}
+    extra = [step for name, step in GATEWAY_TIMEOUT_STEPS.items() if name in shown]
+    if extra:
+        steps = [*extra, *STEPS_TIMEOUT]
     if any(s.startswith("cloudflare") for s in t.signature_ids) or any(
             g.signal == "cloudflare.timeout" for g in t.evidence.groups.values()):
         detail += (" Cloudflare answers 524 when the origin has sent no response within its proxy read "
                    "timeout (100 s).")
-        steps = [STEP_CLOUDFLARE, *STEPS_TIMEOUT]
+        steps = [STEP_CLOUDFLARE, *steps]
     return t.finding(
         "Streams cut by a gateway timeout",
         "The gateway gave up on the upstream after its read timeout (nginx proxy_read_timeout, 60 s by "

@@ -1,5 +1,7 @@
-"""Lines inside a log collector's envelope read as the lines themselves: docker compose's service prefix
-(plain and coloured), kubectl logs --timestamps, journalctl's short, short-precise and short-iso heads, the
+"""Lines inside a log collector's envelope read as the lines themselves: docker compose's and podman-compose's
+service prefix (plain and coloured), kubectl logs --timestamps, the CRI log files' stamp and stream, a stamp
+and a tab (Grafana, Loki), RFC 5424 syslog, journalctl's short, short-precise and short-iso heads, a line
+indented or quoted where it was pasted (Markdown), the
 JSON envelopes of docker's json-file, journalctl -o json, Google Cloud Logging, Loki and CloudWatch, CRLF
 line ends, gzip and rotated files, and an engine's and a gateway's lines in one file. Each breadth fixture
 gives the same first finding however it is wrapped, and a healthy one stays quiet."""
@@ -26,6 +28,12 @@ WRAPS = {
     "journald-short-precise": lambda line: "May 09 10:12:03.123456 gpu-host svc[4127]: " + line,
     "journald-short-iso": lambda line: "2025-05-09T10:12:03+0000 gpu-host svc[4127]: " + line,
     "crlf": lambda line: line + "\r",
+    "cri-log-file": lambda line: "2025-05-09T10:12:03.123456789Z stdout F " + line,  # /var/log/pods/...
+    "grafana-tab": lambda line: "2025-05-09 10:12:03.123\t" + line,
+    "syslog-rfc5424": lambda line: "<14>1 2025-05-09T10:12:03.123Z gpu-host vllm 4127 - - " + line,
+    "podman-compose": lambda line: "[vllm] | " + line,
+    "indented": lambda line: "    " + line,  # (a code block inside a Markdown list)
+    "markdown-quote": lambda line: "> " + line,
     # JSON envelopes, each line a string value (Go's encoder, docker's and Loki's, writes <, > and & as \u003c ...)
     "docker-json-file": lambda line: _go_json({"log": line + "\n", "stream": "stdout",
                                                 "time": "2025-05-09T10:12:03.123456789Z"}),
@@ -125,6 +133,8 @@ def test_rotated_and_gzipped_files_and_one_mixed_file(tmp_path, diagnose_json):
 
 @pytest.mark.parametrize("line", [
     "2024-04-10T09:19:37.911937Z ERROR text_generation_launcher: Shard 0 failed to start",  # TGI's own stamp
+    '  File "/usr/lib/python3/dist-packages/vllm/worker.py", line 12, in load_model',  # a traceback's frame
+    "    raise RuntimeError(msg)", ">>> import vllm", "<14>1 2025-05-09T10:12:03Z host app 1 - - free text",
     "2024-04-10T09:19:37.911937Z ERROR shard-manager: text_generation_launcher: Shard complete standard error output:",
     "Mar 12 10:00:00 lb haproxy[812]: 10.0.0.7:51234 [12/Mar/2025:10:00:00.123] fe be/s1 0/0/1/-1/60001 504",
     "Mar 12 10:00:00 host systemd[1]: ollama.service: Failed with result 'oom-kill'.",  # read by split_envelope

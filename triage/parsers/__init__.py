@@ -65,8 +65,8 @@ class FileParser(BlockReader):
         if (head.isdigit() or head == "[") and self.csv is None and lineno > 3 and (
                 m := gateways.NGINX_UPSTREAMINFO.match(line)):
             return [gateways.upstreaminfo_access(m, self.file, lineno, line)]
-        if (head.isalnum() or head == "\x1b" or line.startswith(("[rank", "[pod/"))) and (
-                wrapped := text_logs.unwrap(line)) is not None:
+        if (head.isalnum() or head in "\x1b \t><" or line.startswith(("[rank", "[pod/")) or (
+                head == "[" and "] |" in line[:64])) and (wrapped := text_logs.unwrap(line)) is not None:
             return self._unwrapped(lineno, line, *wrapped)
         if head == "{":
             events = self._json(lineno, line)

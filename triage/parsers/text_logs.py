@@ -34,7 +34,16 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # a syslog head is taken off only when a line start some parser knows follows it (a TGI line is a stamp
 # and its level, an nginx access line an address): other text keeps the envelope split_envelope reads.
 _COMPOSE = re.compile(r"^[a-z0-9][a-z0-9_.-]*\s+\| ?")  # (compose names are lower case)
-_RFC3339 = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (?=\S)")
+# (and the CRI log files under /var/log/pods: "<RFC3339> stdout F ", a partial line's "P" included)
+_RFC3339 = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) (?:std(?:out|err) [FP] )?(?=\S)")
+# a stamp and a tab before the line: Grafana's and Loki's copied or exported log lines
+_TAB_STAMP = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\t")
+# syslog as RFC 5424 writes it (rsyslog, syslog-ng forwarding): "<PRI>1 TIMESTAMP HOST APP PROCID MSGID SD "
+_RFC5424 = re.compile(r"^<\d{1,3}>1 (?P<ts>\S+) \S+ \S+ \S+ \S+ (?:-|(?:\[[^\]]*\])+) ")
+# podman-compose's "[<service>] | "
+_PODMAN_COMPOSE = re.compile(r"^\[[\w.-]+\] +\| ?")
+# a line indented (a code block inside a Markdown list) or quoted ("> ") where it was pasted
+_INDENT = re.compile(r"^[ \t]*(?:>[ \t]*)*")
 # journalctl's short (syslog), short-precise (fractions) and short-iso heads: "<time> <host> <unit>[pid]: "
 _JOURNAL = re.compile(r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?"
                       r"(?:Z|[+-]\d\d:?\d\d)) (?P<host>\S+) (?P<unit>[\w./@-]+)(?P<pid>\[\d+\])?: ")
@@ -55,8 +64,15 @@ def unwrap(line: str) -> tuple | None:
     if "\x1b" in line[:64]:  # docker compose colours its service names
         line = _ANSI.sub("", line)
     head = line[:1]
-    if head.isdigit() and (m := _RFC3339.match(line)) and _KNOWN_START.match(line, m.end()):
-        return parse_iso(m.group("ts")), line[m.end():]
+    if head in " \t>":
+        inner = line[_INDENT.match(line).end():]
+        if not _KNOWN_START.match(inner):
+            return None  # (a traceback's frames and other indented text: read as they are)
+        return unwrap(inner) or (None, inner)
+    if head.isdigit() and (m := _RFC3339.match(line) or _TAB_STAMP.match(line)) and _KNOWN_START.match(line, m.end()):
+        return parse_iso(m.group("ts").replace(" ", "T").replace(",", ".")), line[m.end():]
+    if head == "<" and (m := _RFC5424.match(line)):
+        return (parse_iso(m.group("ts")), line[m.end():]) if _KNOWN_START.match(line, m.end()) else None
     if (head.isdigit() or head.isupper()) and (m := _JOURNAL.match(line)):
         ts = m.group("ts")
         if "haproxy[" in line[:m.end()]:
@@ -70,11 +86,11 @@ def unwrap(line: str) -> tuple | None:
             return None
         return parse_iso(ts) if head.isdigit() else parse_syslog(ts), line[m.end():]
     if head == "[":
-        m = _RANK.match(line) or _KUBECTL_PREFIX.match(line)
+        m = _RANK.match(line) or _KUBECTL_PREFIX.match(line) or _PODMAN_COMPOSE.match(line)
         if m is None:
             return None
         inner = line[m.end():]
-        if m.re is _KUBECTL_PREFIX and (wrapped := unwrap(inner)) is not None:
+        if m.re is not _RANK and (wrapped := unwrap(inner)) is not None:
             return wrapped  # (with --timestamps too: the prefix, then the stamp)
         return None, inner
     if not head.isalnum():

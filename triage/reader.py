@@ -206,7 +206,16 @@ def read_blocks(path: Path, notes: Notes, lines_in=None) -> Iterator[tuple[int, 
             for lineno, line in _read_utf16(handle, path, notes):
                 yield lineno - 1, line + "\n"
             return
+        if _starts_with_bom(handle):  # (Windows editors save UTF-8 with it: no part of the first line)
+            handle.read(len(codecs.BOM_UTF8))
         yield from _read_utf8(handle, path, notes, lines_in or _count_lines)
+
+
+def _starts_with_bom(handle) -> bool:
+    try:
+        return handle.peek(len(codecs.BOM_UTF8))[:len(codecs.BOM_UTF8)] == codecs.BOM_UTF8
+    except (OSError, EOFError, zlib.error, gzip.BadGzipFile):
+        return False  # (the read that follows notes it)
 
 
 def keep_freed_blocks() -> bool:

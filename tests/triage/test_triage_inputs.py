@@ -47,6 +47,18 @@ def test_leading_nuls_in_gzip_and_nuls_alone(tmp_path):
     assert notes.quiet == {"empty file": [str(hole)]}
 
 
+def test_a_utf8_byte_order_mark_is_no_part_of_the_first_line(tmp_path, diagnose_json):
+    """Windows editors save UTF-8 with a byte order mark: the first line reads as without it."""
+    access = ('10.0.0.7 - - [09/May/2025:10:13:33 +0000] "POST /v1/chat/completions HTTP/1.1" 504 167 "-" '
+              '"OpenAI/Python 1.51.0"\n').encode()
+    for name, data in (("access.log", b"\xef\xbb\xbf" + access), ("access.log.1.gz", gzip.compress(b"\xef\xbb\xbf" + access))):
+        path = tmp_path / name
+        path.write_bytes(data)
+        assert list(read_lines(path, Notes())) == [(1, access.decode().rstrip("\n"))]
+        code, doc, err = diagnose_json(path)
+        assert code == 1 and doc["findings"][0]["id"] == "stream-cut-gateway-timeout", err
+
+
 def test_nul_then_binary_is_still_binary(tmp_path):
     path = tmp_path / "core"
     path.write_bytes(b"\x00\x01\x02\x03" * 100)

@@ -49,8 +49,8 @@ def test_leading_nuls_in_gzip_and_nuls_alone(tmp_path):
 
 def test_a_utf8_byte_order_mark_is_no_part_of_the_first_line(tmp_path, diagnose_json):
     """Windows editors save UTF-8 with a byte order mark: the first line reads as without it."""
-    access = ('10.0.0.7 - - [09/May/2025:10:13:33 +0000] "POST /v1/chat/completions HTTP/1.1" 504 167 "-" '
-              '"OpenAI/Python 1.51.0"\n').encode()
+    access = (b'10.0.0.7 - - [09/May/2025:10:13:33 +0000] "POST /v1/chat/completions HTTP/1.1" 504 167 "-" '
+              b'"OpenAI/Python 1.51.0"\n')
     for name, data in (("access.log", b"\xef\xbb\xbf" + access), ("access.log.1.gz", gzip.compress(b"\xef\xbb\xbf" + access))):
         path = tmp_path / name
         path.write_bytes(data)

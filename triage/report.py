@@ -50,7 +50,7 @@ FORMAT_NAMES = {
     "ollama": "Ollama log", "triton": "Triton/glog log", "syslog": "syslog/journald", "kernel": "kernel log (dmesg)",
     "nginx-access": "nginx access log", "nginx-error": "nginx error log", "envoy": "Envoy access log",
     "alb": "AWS ALB log", "haproxy": "HAProxy log", "uvicorn": "uvicorn access log", "text": "plain text",
-    "traefik": "Traefik access log", "caddy": "Caddy access log",
+    "traefik": "Traefik access log", "caddy": "Caddy access log", "kong": "Kong log plugin entries",
     "client": "client log", "loadgen": "loadgen client log", "nvidia-smi": "nvidia-smi output",
     "prometheus": "Prometheus samples",
 }

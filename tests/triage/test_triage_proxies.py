@@ -175,3 +175,18 @@ def test_a_gateway_timeout_names_the_timeout_of_the_gateway_that_cut(case, step,
     code, doc, err = diagnose_json(folder)
     first = doc["findings"][0]
     assert first["id"] == "stream-cut-gateway-timeout" and first["next_steps"][0].startswith(step), err
+
+
+def test_kong_log_plugin_entry():
+    obj = {"request": {"id": "9b5f3d6c8e2a4f0b1c7d5e3f", "uri": "/v1/chat/completions", "method": "POST", "size": 1842},
+           "upstream_uri": "/v1/chat/completions", "upstream_status": "504", "response": {"status": 504, "size": 51},
+           "latencies": {"kong": 1, "proxy": 60000, "request": 60001, "receive": 0},
+           "tries": [{"balancer_start": 1710238502551, "ip": "172.18.0.3", "port": 8000, "balancer_latency": 0}],
+           "client_ip": "10.0.0.5", "started_at": 1710238502551, "source": "kong"}
+    ev = _access(json.dumps(obj))
+    f = ev.fields
+    assert ev.source == "kong" and ev.ts.isoformat() == "2024-03-12T10:15:02.551000"
+    assert (f["status"], f["duration_s"], f["upstream_s"], f["upstream_addr"], f["request_id"], f["cut"]) == (
+        504, 60.001, 60.0, "172.18.0.3:8000", "9b5f3d6c8e2a4f0b1c7d5e3f", "timeout")
+    assert all(e.kind != "http.access" for e in FileParser("app.log").parse(1, json.dumps(
+        {"latencies": {"request": 1}, "response": "ok", "request": {}})))

@@ -122,6 +122,8 @@ class FileParser(BlockReader):
             ev = gateways.parse_traefik_json(obj, self.file, lineno, line)
         if ev is None and obj.get("msg") == "handled request":
             ev = gateways.parse_caddy_json(obj, self.file, lineno, line)
+        if ev is None and "latencies" in obj:
+            ev = gateways.parse_kong_json(obj, self.file, lineno, line)
         if ev is not None:
             if ev.source == "loadgen" and ev.fields.get("error"):
                 return [ev, *self._client_error_events(ev, lineno, line)]

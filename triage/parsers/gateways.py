@@ -58,6 +58,7 @@ MAKES = (
     ("http.access", "nginx-access", ('] "',), ()),
     ("http.access", "traefik", ('] "', '"DownstreamStatus"'), ()),  # CLF and JSON access logs
     ("http.access", "caddy", ('"handled request"', "\thandled request\t"), ()),  # JSON and console
+    ("http.access", "kong", ('"latencies"',), ()),  # its log plugins' JSON (file-log, http-log, ...)
     ("http.access", "envoy", ('] "', '"response_code"'), ()),  # text and JSON access logs
     ("http.access", "nginx-access", ('"request_time"', '"upstream_response_time"'), ()),
     ("http.access", "cloudflare", ('"EdgeResponseStatus"',), ()),
@@ -346,6 +347,31 @@ def parse_caddy_json(obj: dict, file: str, lineno: int, line: str) -> Event | No
               "upstream_s": None, "upstream_addr": None, "cut": "client" if status == 0 else cut_for_status(status)}
     ts = obj.get("ts")
     return _access(fields, "caddy", parse_iso(ts) if isinstance(ts, str) else epoch_time(ts), file, lineno, line)
+
+
+def parse_kong_json(obj: dict, file: str, lineno: int, line: str) -> Event | None:
+    """A Kong log plugin's entry (file-log, http-log, tcp-log: Kong's log serializer): response.status,
+    latencies.request and latencies.proxy in milliseconds, upstream_status, client_ip, started_at (Unix
+    milliseconds), request.method / uri, tries (the upstream's ip and port). None for other JSON."""
+    response, latencies, request = obj.get("response"), obj.get("latencies"), obj.get("request")
+    if not (isinstance(response, dict) and isinstance(latencies, dict) and isinstance(request, dict)):
+        return None
+    status = _number(response.get("status"))
+    if status is None or not 100 <= status <= 599:
+        return None
+    total_ms, proxy_ms = _number(latencies.get("request")), _number(latencies.get("proxy"))
+    tries = obj.get("tries")
+    last = tries[-1] if isinstance(tries, list) and tries and isinstance(tries[-1], dict) else {}
+    upstream = f"{last['ip']}:{last.get('port')}" if _scalar(last.get("ip")) else None
+    fields = {"client": _scalar(obj.get("client_ip")),
+              "request": f"{_scalar(request.get('method')) or ''} {_scalar(request.get('uri')) or ''}".strip(),
+              "status": int(status), "bytes": int(_number(response.get("size")) or 0),
+              "duration_s": total_ms / 1000 if total_ms is not None else None,
+              "upstream_s": proxy_ms / 1000 if proxy_ms is not None and proxy_ms >= 0 else None,
+              "upstream_addr": upstream, "upstream_status": _scalar(obj.get("upstream_status")) or None}
+    if _scalar(request.get("id")):
+        fields["request_id"] = request["id"]
+    return _access(fields, "kong", epoch_time(obj.get("started_at")), file, lineno, line)
 
 
 CADDY_CONSOLE_ACCESS = "\thandled request\t{"

@@ -58,6 +58,39 @@ def test_nginx_key_value_timings():
                                                                                       "10.0.0.5:8000")
 
 
+@pytest.mark.parametrize(("line", "want"), [
+    # log_format with the time first, the request time last
+    ('[09/May/2025:10:13:33 +0000] 10.0.0.7 "POST /v1/chat/completions HTTP/1.1" 504 167 60.001',
+     ("10.0.0.7", 504, "timeout", 60.001, datetime(2025, 5, 9, 10, 13, 33))),
+    # an ISO time first, no bytes, the user agent after the timings
+    ('2025-05-09T10:13:33+00:00 10.0.0.7 "POST /v1/chat/completions HTTP/1.1" 499 12.003 "OpenAI/Python 1.51.0"',
+     ("10.0.0.7", 499, "client", 12.003, datetime(2025, 5, 9, 10, 13, 33))),
+    # a host and the server first, key=value timings
+    ('llm.example.com 10.0.0.8 - [09/May/2025:10:13:34 +0000] "POST /v1/completions HTTP/2.0" 200 2048 "-" "curl/8.5" '
+     'request_time=0.912 upstream_addr=10.0.3.7:8000', ("10.0.0.8", 200, None, 0.912, datetime(2025, 5, 9, 10, 13, 34))),
+    # stern's pod and container before an access line
+    ('ingress-nginx-7c9f-x2k ingress 10.0.0.9 - - [09/May/2025:10:13:35 +0000] "GET /v1/models HTTP/1.1" 502 150 "-" "-"',
+     ("10.0.0.9", 502, "upstream_failed", None, datetime(2025, 5, 9, 10, 13, 35))),
+])
+def test_an_access_line_in_a_format_of_its_own(line, want):
+    [ev] = parse(line, FileParser("access.log"))
+    f = ev.fields
+    assert (ev.kind, ev.source) == ("http.access", "nginx-access")
+    assert (f["client"], f["status"], f["cut"], f["duration_s"], ev.ts) == want
+
+
+@pytest.mark.parametrize("line", [
+    # a quoted request not followed by its status: an nginx error line's, HAProxy's last field
+    '2024/05/01 12:00:00 [error] 31#31: *1 upstream timed out (110: Connection timed out) while reading upstream, '
+    'client: 1.2.3.4, server: _, request: "POST /v1/chat/completions HTTP/1.1", upstream: "http://10.0.3.7:8000/"',
+    'request failed: "POST /v1/chat/completions HTTP/1.1" after 3 tries',
+    # SGLang's own uvicorn line (its served requests, read as the run's lines are)
+    '[2025-06-01 10:00:05] INFO:     127.0.0.1:40000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+])
+def test_other_lines_with_a_request_are_no_access_lines(line):
+    assert [e.kind for e in parse(line, FileParser("any.log"))] != ["http.access"]
+
+
 def test_nginx_error_line():
     line = ('2024/05/01 12:00:00 [error] 31#31: *123 upstream timed out (110: Connection timed out) while reading '
             'upstream, client: 1.2.3.4, server: _, request: "POST /v1/chat/completions HTTP/1.1", upstream: '

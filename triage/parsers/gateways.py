@@ -47,6 +47,13 @@ _UPSTREAMINFO = re.compile(
 # The whole ingress-nginx upstreaminfo line in one match: the common case of a large access log.
 NGINX_UPSTREAMINFO = re.compile(_NGINX_ACCESS.pattern[:-len("(?P<tail>.*)$")] + _UPSTREAMINFO.pattern[1:])
 _ADDR = re.compile(r"^(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:]+\]|[\w.-]+):\d+$")
+# Any other access-log format (a custom log_format with the time or the host first, fields left out): the
+# quoted request line and its status, as every format of the Common Log Format's family writes them
+_REQUEST_STATUS = re.compile(r'"(?P<request>[A-Z]{3,7} \S+ HTTP/[\d.]+)" (?P<status>\d{3})(?: (?P<bytes>\d+|-)(?=\s|$))?'
+                             r'(?: "(?P<referer>[^"]*)" "(?P<ua>[^"]*)")?(?P<tail>.*)$')
+_CLF_TIME = re.compile(r"\[(\d\d/[A-Z][a-z]{2}/\d{4}:\d\d:\d\d:\d\d(?: [+-]\d{4})?)\]")
+_ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?")
+_CLIENT = re.compile(r"(?:^|[\s\[])(\d{1,3}(?:\.\d{1,3}){3}|[0-9a-f]{0,4}(?::[0-9a-f]{0,4}){2,7})(?=[\s\]])")
 _ENVOY_TIMEOUT = {"UT", "SI"}
 _ENVOY_CLIENT = {"DC", "DI"}
 _ENVOY_UPSTREAM = {"UC", "UF", "UH", "URX", "UR", "LH", "NR"}
@@ -65,6 +72,7 @@ MAKES = (
     ("http.access", "haproxy", ("haproxy[",), ()),
     ("http.access", "alb", (), (r"^(?:https?|h2|grpcs?|wss?) ",)),
     ("http.access", "uvicorn", ("INFO:",), ()),
+    ("http.access", "nginx-access", ('HTTP/1.1" ', 'HTTP/1.0" ', 'HTTP/2.0" ', 'HTTP/2" '), ()),  # any other format
 )
 
 
@@ -170,6 +178,28 @@ def parse_nginx_access(line: str, file: str, lineno: int) -> Event | None:
     else:
         _nginx_tail(tail, fields)
     return _access(fields, source, parse_clf(m.group("time")), file, lineno, line)
+
+
+def parse_access_any(line: str, file: str, lineno: int) -> Event | None:
+    """An access line in a format no other parser knows (a custom log_format): the quoted request line and
+    its status; the client the first address before it, the time a [dd/Mon/yyyy:HH:MM:SS zone] or an ISO-8601
+    stamp before it, the timings after it as in an nginx access line (key=value, else the first number with a
+    fraction is the request's time)."""
+    m = _REQUEST_STATUS.search(line)
+    if m is None:
+        return None
+    head = line[:m.start()]
+    if (t := _CLF_TIME.search(head)) is not None:
+        ts = parse_clf(t.group(1))
+    else:
+        ts = parse_iso(t.group()) if (t := _ISO_TIME.search(head)) is not None else None
+    client = _CLIENT.search(head)
+    raw_bytes = m.group("bytes")
+    fields = {"client": client.group(1) if client else None, "request": m.group("request"),
+              "status": int(m.group("status")), "bytes": int(raw_bytes) if raw_bytes not in (None, "-") else 0,
+              "duration_s": None, "upstream_s": None, "upstream_addr": None, "user_agent": m.group("ua")}
+    _nginx_tail(m.group("tail"), fields)
+    return _access(fields, "nginx-access", ts, file, lineno, line)
 
 
 def _npm_access(line: str, file: str, lineno: int) -> Event | None:

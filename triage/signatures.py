@@ -5,15 +5,15 @@ Each entry names one real message of an engine, gateway, client, kernel or drive
 the finding it points to and the confidence it gives alone. Users add entries with
 `llmtriage diagnose --signatures my.yaml` (load_user_catalog)."""
 
+import hashlib
+import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+import orjson
 
-# libyaml's parser reads the catalog about ten times faster than PyYAML's Python one (the same documents)
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 CONFIDENCES = ("high", "medium", "low")
 _ID = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 _ENTRY_KEYS = {"id", "source", "keyword", "pattern", "kind", "finding", "cause", "confidence", "meaning", "next",
@@ -133,24 +133,32 @@ def _entry(raw, index: int, origin: str, kinds: dict, finding_ids: Iterable[str]
         match_line=bool(raw.get("match_line")), origin=origin)
 
 
-def parse_catalog(text: str, origin: str, kinds: dict | None = None,
-                  taken: Iterable[str] = (), lazy: bool = False) -> Catalog:
-    """A catalog document (YAML): a `signatures` list, and `kinds` for the built-in file. lazy: patterns
-    compiled when first searched (the built-in file, whose patterns the tests compile; a user's file is
-    checked whole as it is read)."""
-    from triage.model import FINDING_IDS  # (model imports nothing of this module)
+def load_yaml(text: str, origin: str):
+    """The YAML document in text; CatalogError naming where it is not valid YAML."""
+    import yaml  # (the built-in catalog is read from its cache, without yaml: importing it costs 20 ms)
 
-    finding_ids = (*FINDING_IDS, "unrecognised-error")
     try:
-        try:
-            doc = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
+        try:  # libyaml's parser reads the catalog about ten times faster than PyYAML's Python one
+            return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 (safe)
         except yaml.YAMLError:  # PyYAML's own parser says where and what more plainly: its message
-            doc = yaml.safe_load(text)
+            return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}" if mark is not None else "YAML"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise _fail(origin, at, f"not valid YAML ({problem})") from exc
+
+
+def parse_catalog(text: str | None, origin: str, kinds: dict | None = None,
+                  taken: Iterable[str] = (), lazy: bool = False, doc=None) -> Catalog:
+    """A catalog document (YAML text, or doc: the document loaded already): a `signatures` list, and
+    `kinds` for the built-in file. lazy: patterns compiled when first searched (the built-in file, whose
+    patterns the tests compile; a user's file is checked whole as it is read)."""
+    from triage.model import FINDING_IDS  # (model imports nothing of this module)
+
+    finding_ids = (*FINDING_IDS, "unrecognised-error")
+    if text is not None:
+        doc = load_yaml(text, origin)
     if not isinstance(doc, dict) or not isinstance(doc.get("signatures"), list):
         raise CatalogError(f"{origin}: a catalog is a mapping with a 'signatures' list of entries")
     if kinds is None:
@@ -171,10 +179,47 @@ def parse_catalog(text: str, origin: str, kinds: dict | None = None,
     return Catalog(tuple(out), kinds)
 
 
+def _cache_dir() -> Path | None:
+    """Where the built-in catalog's document is kept as JSON between runs ($XDG_CACHE_HOME/llmtriage, else
+    ~/.cache/llmtriage); None without a home."""
+    try:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmtriage"
+    except (RuntimeError, KeyError):
+        return None
+
+
+def builtin_document(raw: bytes, cache: Path | None):
+    """The built-in catalog's YAML document: from its JSON copy in cache, named by a hash of the YAML (so an
+    edited catalog is read afresh), else read from the YAML and copied there (reading the YAML costs a
+    twentieth of a second at every start, its JSON copy a thousandth). A cache that cannot be read or written
+    is passed by."""
+    name = f"signatures-{hashlib.sha256(raw).hexdigest()[:32]}.json"
+    if cache is not None:
+        try:
+            doc = orjson.loads((cache / name).read_bytes())
+            if isinstance(doc, dict):
+                return doc
+        except (OSError, orjson.JSONDecodeError):
+            pass
+    doc = load_yaml(raw.decode("utf-8"), "triage/signatures.yaml")
+    if cache is not None:
+        try:
+            data = orjson.dumps(doc)
+            cache.mkdir(parents=True, exist_ok=True)
+            for old in cache.glob("signatures-*.json"):  # (the copies of earlier catalogs)
+                old.unlink(missing_ok=True)
+            part = cache / f".{name}.{os.getpid()}"
+            part.write_bytes(data)
+            os.replace(part, cache / name)  # (whole or not at all, whoever reads it meanwhile)
+        except (OSError, TypeError, orjson.JSONEncodeError):
+            pass
+    return doc
+
+
 def _builtin() -> Catalog:
     # (beside this module: importlib.resources would cost a fiftieth of a second to import at every start)
-    text = Path(__file__).with_name("signatures.yaml").read_text(encoding="utf-8")
-    return parse_catalog(text, "triage/signatures.yaml", lazy=True)
+    raw = Path(__file__).with_name("signatures.yaml").read_bytes()
+    return parse_catalog(None, "triage/signatures.yaml", lazy=True, doc=builtin_document(raw, _cache_dir()))
 
 
 BUILTIN = _builtin()

@@ -293,3 +293,47 @@ def test_builtin_patterns_compile_when_first_searched():
             found, expected = s.pattern.search(text), compiled.search(text)
             assert (found and found.span()) == (expected and expected.span()), s.id
         assert s.pattern.compiled is not None
+
+
+def test_the_builtin_catalog_is_read_from_its_json_copy_once_made(tmp_path, monkeypatch):
+    """The built-in catalog's document is copied as JSON into the cache folder at the first start and read
+    from there after (yaml is not even imported then); the copy is named by the YAML's hash, so an edited
+    catalog is read afresh and replaces it; a copy that cannot be read is read past, a folder that cannot be
+    written leaves the YAML read each time."""
+    raw = (Path(signatures.__file__).with_name("signatures.yaml")).read_bytes()
+    expected = yaml.safe_load(raw)
+    cache = tmp_path / "cache"
+    assert signatures.builtin_document(raw, cache) == expected  # (read from the YAML, copied)
+    [copy] = cache.iterdir()
+    assert json.loads(copy.read_bytes()) == expected
+
+    def no_yaml(text, origin):
+        raise AssertionError("the YAML was read")
+
+    monkeypatch.setattr(signatures, "load_yaml", no_yaml)
+    assert signatures.builtin_document(raw, cache) == expected  # (from the copy)
+    monkeypatch.undo()
+    edited = raw + b"\n# an edit\n"
+    assert signatures.builtin_document(edited, cache) == expected
+    assert [p.name for p in cache.iterdir()] != [copy.name] and len(list(cache.iterdir())) == 1
+    [copy] = cache.iterdir()
+    copy.write_bytes(b"{not json")
+    assert signatures.builtin_document(edited, cache) == expected  # (read past, made again)
+    assert json.loads(copy.read_bytes()) == expected
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the folder would be")
+    assert signatures.builtin_document(raw, blocked) == expected
+    assert signatures.builtin_document(raw, None) == expected
+
+
+def test_a_start_with_the_catalog_copied_imports_no_yaml(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), PYTHONPATH=str(Path(signatures.__file__).parents[1]))
+    code = "import sys, triage.signatures as s; print(len(s.SIGNATURES), 'yaml' in sys.modules)"
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert first.stdout.split()[1] == "True" and second.stdout.split() == [first.stdout.split()[0], "False"]
+    assert int(first.stdout.split()[0]) == len(signatures.SIGNATURES)

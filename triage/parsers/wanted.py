@@ -56,9 +56,11 @@ class Wanted:
         literals |= in_json_strings(literals)
         self.literals, self.regexes = sorted(literals), sorted(regexes)
         # the catalog's keywords alone: a line with none of them holds no signature (scan() is not called)
-        catalog_words = {e.keyword for e in (signatures.SIGNATURES if catalog is None else catalog)}
-        catalog_words = sorted(catalog_words | in_json_strings(catalog_words), key=len, reverse=True)
-        self.signature_scanner = re2.compile("|".join(map(re.escape, catalog_words)) or "$^")
+        keywords = {e.keyword for e in (signatures.SIGNATURES if catalog is None else catalog)}
+        self.signature_scanner = re2.compile("|".join(map(re.escape, sorted(keywords, key=len, reverse=True)))
+                                             or "$^")  # (over a line's own text, out of any envelope)
+        # (over a block's raw lines: a line in a JSON envelope holds them escaped)
+        catalog_words = sorted(keywords | in_json_strings(keywords), key=len, reverse=True)
         pattern = "|".join([*(re.escape(w) for w in sorted(literals, key=len, reverse=True)), *regexes])
         options = re2.Options()
         options.max_mem = 64 << 20  # the DFA of a few hundred keywords
@@ -84,7 +86,7 @@ class Wanted:
         # makes the per-line reading take a routine-looking line for something else; each counts vLLM's
         # stats words (a line with them is read as a stats line: as many as the run has stats lines)
         counted = (bulk.STATS_WORDS,)
-        self.bulk_stop = Words([*catalog_words, *text_logs.PHASE_WORDS, *runs.stop_words()], counted)
+        self.bulk_stop = Words([*keywords, *text_logs.PHASE_WORDS, *runs.stop_words()], counted)  # (no envelope)
         # logged prompts alone: their reading looks for phase words, never for catalog keywords
         self.bulk_stop_prompts = Words([*text_logs.PHASE_WORDS, *runs.stop_words(prompts=True)], counted)
         # logged prompts and vLLM's stats lines (the catalog's keywords are looked for in the stats lines alone:

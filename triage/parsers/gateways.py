@@ -339,10 +339,9 @@ def parse_traefik_json(obj: dict, file: str, lineno: int, line: str) -> Event | 
     """A Traefik JSON access-log line (accessLog.format: json) under its field names: DownstreamStatus (what
     the client got), OriginStatus, Duration and OriginDuration in nanoseconds, ServiceAddr (or ServiceURL),
     ClientHost, RequestMethod, RequestPath, RequestProtocol, StartUTC. None for other JSON."""
-    status = _number(obj.get("DownstreamStatus"))
-    if status is None or not 100 <= status <= 599:
+    status = _http_status(obj.get("DownstreamStatus"))
+    if status is None:
         return None
-    status = int(status)
     duration_ns, origin_ns = _number(obj.get("Duration")), _number(obj.get("OriginDuration"))
     origin_status = _number(obj.get("OriginStatus"))
     upstream = _scalar(obj.get("ServiceAddr")) or _host_port(_scalar(obj.get("ServiceURL")))
@@ -364,11 +363,9 @@ def parse_caddy_json(obj: dict, file: str, lineno: int, line: str) -> Event | No
     client_ip or remote_ip, ts (Unix seconds, Caddy's default, or an ISO time). Status 0 is a request Caddy
     wrote no response to: its reverse proxy records a client that went away before the upstream's headers
     so up to 2.10 (499 after). None for other JSON."""
-    status = _number(obj.get("status"))
-    request = obj.get("request")
-    if status is None or not isinstance(request, dict) or not (status == 0 or 100 <= status <= 599):
+    status, request = _http_status(obj.get("status"), written=False), obj.get("request")
+    if status is None or not isinstance(request, dict):
         return None
-    status = int(status)
     method, uri = _scalar(request.get("method")) or "", _scalar(request.get("uri")) or ""
     client = _scalar(request.get("client_ip")) or _scalar(request.get("remote_ip")) or _scalar(
         request.get("remote_addr"))
@@ -386,8 +383,8 @@ def parse_kong_json(obj: dict, file: str, lineno: int, line: str) -> Event | Non
     response, latencies, request = obj.get("response"), obj.get("latencies"), obj.get("request")
     if not (isinstance(response, dict) and isinstance(latencies, dict) and isinstance(request, dict)):
         return None
-    status = _number(response.get("status"))
-    if status is None or not 100 <= status <= 599:
+    status = _http_status(response.get("status"))
+    if status is None:
         return None
     total_ms, proxy_ms = _number(latencies.get("request")), _number(latencies.get("proxy"))
     tries = obj.get("tries")
@@ -395,7 +392,7 @@ def parse_kong_json(obj: dict, file: str, lineno: int, line: str) -> Event | Non
     upstream = f"{last['ip']}:{last.get('port')}" if _scalar(last.get("ip")) else None
     fields = {"client": _scalar(obj.get("client_ip")),
               "request": f"{_scalar(request.get('method')) or ''} {_scalar(request.get('uri')) or ''}".strip(),
-              "status": int(status), "bytes": int(_number(response.get("size")) or 0),
+              "status": status, "bytes": int(_number(response.get("size")) or 0),
               "duration_s": total_ms / 1000 if total_ms is not None else None,
               "upstream_s": proxy_ms / 1000 if proxy_ms is not None and proxy_ms >= 0 else None,
               "upstream_addr": upstream, "upstream_status": _scalar(obj.get("upstream_status")) or None}
@@ -461,6 +458,15 @@ def epoch_time(value) -> datetime | None:
     return None
 
 
+def _http_status(value, written: bool = True) -> int | None:
+    """A JSON access record's status as an integer, None where it is none (100-599; written=False: 0 too,
+    a request no response was written to)."""
+    status = _number(value)
+    if status is None or not (100 <= status <= 599 or (status == 0 and not written)):
+        return None
+    return int(status)
+
+
 def _number(value) -> float | None:
     if isinstance(value, bool) or value in (None, ""):
         return None
@@ -476,10 +482,9 @@ def parse_cloudflare_json(obj: dict, file: str, lineno: int, line: str) -> Event
     EdgeStartTimestamp / EdgeEndTimestamp, OriginResponseDurationMs (or the older OriginResponseTime, in
     nanoseconds), ClientIP, ClientRequestMethod, ClientRequestURI or ClientRequestPath, OriginIP, RayID,
     ClientRequestUserAgent, EdgeResponseBytes. None for other JSON."""
-    status = _number(obj.get("EdgeResponseStatus"))
-    if status is None or not 100 <= status <= 599:
+    status = _http_status(obj.get("EdgeResponseStatus"))
+    if status is None:
         return None
-    status = int(status)
     start, end = epoch_time(obj.get("EdgeStartTimestamp")), epoch_time(obj.get("EdgeEndTimestamp"))
     origin_ms = _number(obj.get("OriginResponseDurationMs"))
     if origin_ms is None and (origin_ns := _number(obj.get("OriginResponseTime"))) is not None:

@@ -51,7 +51,10 @@ def _alike(rows: list, typed: bool) -> tuple[list, list, list[tuple]] | None:
     columns_of = []  # (each column read only while the ones before are alike)
     for name, kind in (("prompt_tokens", int), ("cached_tokens", int), ("prefix_fingerprint", list)):
         values = column(rows, name, typed)
-        if (None in values if typed and kind is list else not typed and set(map(type, values)) != {kind}):
+        if typed:
+            if kind is list and None in values:
+                return None
+        elif set(map(type, values)) != {kind}:
             return None
         columns_of.append(values)
     prompts, cached, fps = columns_of

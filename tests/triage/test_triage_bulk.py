@@ -76,6 +76,24 @@ def _vllm_keywords(rng, i, t):
     return line
 
 
+def _vllm_family(rng, i, t):
+    """Once a block was one run of vLLM's forms alone, the file's runs are of those forms alone and its
+    access lines are the lines the others leave: logged prompts that hold an access line's words, a
+    prompt with a stats line's words, and later lines of another program's form (an nginx access line)."""
+    line = _vllm(rng, i, t)
+    if i > 2000 and i % 3 == 0 and i % 11 == 5:
+        return line.replace("where is my order?", 'INFO:     127.0.0.1:1 - "GET / HTTP/1.1" 200 OK')
+    if i == 3003:
+        return line.replace("where is my order?", "why does Engine 000: Avg prompt throughput: 900.0 tokens/s, Avg "
+                            "generation throughput: 400.0 tokens/s, Running: 8 reqs, Waiting: 0 reqs, GPU KV cache "
+                            "usage: 30.0%, Prefix cache hit rate: 50.0% mean?")
+    if i > 4000 and i % 50 == 7:
+        return _nginx_kv(rng, i, t)
+    if i == 4802:  # a stats line the per-line reading takes for an access line (a request line and status in it)
+        return line + ', last: "GET /metrics HTTP/1.1" 200'
+    return line
+
+
 def _vllm_v0(rng, i, t):
     """vLLM 0.6's stats line (metrics.py, Swapped and Pending, no hit rate), a deep queue and a swap later."""
     if i % 40 == 2:
@@ -124,7 +142,10 @@ def _envoy(rng, i, t, mixed=True):
            "request_id": f"{rng.getrandbits(64):016x}", "upstream_host": f"10.0.3.{1 + (i // 2500)}:30000"}
     if mixed and i % 2:
         row = dict(reversed(list(row.items())))  # the flags before the code
-    return json.dumps(row, separators=(",", ":"))
+    line = json.dumps(row, separators=(",", ":"))
+    if mixed and i == 4402:  # a served request's code, then a 504 under the same key: JSON takes the last
+        return line.replace('"bytes_sent":2000', '"bytes_sent":2000,"response_code":504')
+    return line
 
 
 def _engine(rng, i, t):
@@ -207,7 +228,8 @@ def _engine_blocks(rng, i, t):
 
 FORMS = {"engine": (_engine, "engine-0.log"), "engine-odd": (_engine_odd, "engine-0.log"),
          "engine-blocks": (_engine_blocks, "engine-0.log"), "upstreaminfo": (_upstreaminfo, "access.log"), "nginx-kv": (_nginx_kv, "access.log"),
-         "vllm": (_vllm, "vllm.log"), "vllm-keywords": (_vllm_keywords, "vllm.log"), "vllm-v0": (_vllm_v0, "vllm.log"), "vllm-stats-only": (_vllm_stats_only, "vllm.log"),
+         "vllm": (_vllm, "vllm.log"), "vllm-keywords": (_vllm_keywords, "vllm.log"),
+         "vllm-family": (_vllm_family, "vllm.log"), "vllm-v0": (_vllm_v0, "vllm.log"), "vllm-stats-only": (_vllm_stats_only, "vllm.log"),
          "sglang": (_sglang, "sglang.log"), "envoy": (_envoy, "envoy.log"),
          "envoy-one-order": (lambda rng, i, t: _envoy(rng, i, t, mixed=False), "envoy.log"),
          "envoy-offset": (lambda rng, i, t: _envoy(rng, i, t, mixed=False).replace('Z"', '+01:00"'), "envoy.log")}
@@ -264,7 +286,7 @@ def test_bulk_reading_gives_the_line_by_line_diagnosis(tmp_path, monkeypatch, na
     in_bulk, facts_in_bulk, num_bulk = _run(tmp_path, monkeypatch, True)
     assert none == 0
     # nearly every line a rule reads was read in bulk
-    assert num_bulk > {"engine": 0.8, "engine-odd": 0.2, "vllm-keywords": 0.4}.get(name, 0.9) * facts_in_bulk[0][3]
+    assert num_bulk > {"engine": 0.8, "engine-odd": 0.2, "vllm-keywords": 0.4, "vllm-family": 0.7}.get(name, 0.9) * facts_in_bulk[0][3]
     assert in_bulk == by_line
     assert facts_in_bulk == facts_by_line
     assert by_line["findings"]  # the rare lines were found either way

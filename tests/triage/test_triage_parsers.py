@@ -91,6 +91,18 @@ def test_other_lines_with_a_request_are_no_access_lines(line):
     assert [e.kind for e in parse(line, FileParser("any.log"))] != ["http.access"]
 
 
+@pytest.mark.parametrize("line", [
+    # a logged prompt that quotes an access line (a user asking about their nginx log) is a prompt
+    "(APIServer pid=1) INFO 11-29 19:00:00 [logger.py:43] Received request chatcmpl-1: prompt: 'why did "
+    '10.0.0.7 - - [29/Nov/2026:19:00:00 +0000] "POST /v1/chat/completions HTTP/1.1" 504 167 time out?\', '
+    "params: SamplingParams(n=1), prompt_token_ids: None, lora_request: None.",
+    "(APIServer pid=1) DEBUG 11-29 19:00:00 [logger.py:49] Request cmpl-1 details: prompt: 'explain "
+    '"GET /v1/models HTTP/1.1" 502 please\', prompt_token_ids: [1, 2], prompt_embeds shape: None.',
+])
+def test_a_logged_prompt_quoting_a_request_is_a_prompt(line):
+    assert [e.kind for e in parse(line, FileParser("vllm.log"))] == ["request.received"]
+
+
 def test_nginx_error_line():
     line = ('2024/05/01 12:00:00 [error] 31#31: *123 upstream timed out (110: Connection timed out) while reading '
             'upstream, client: 1.2.3.4, server: _, request: "POST /v1/chat/completions HTTP/1.1", upstream: '

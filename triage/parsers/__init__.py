@@ -186,9 +186,7 @@ class FileParser(BlockReader):
                 return ev
         if head == "|" or "NVIDIA-SMI" in line:
             return metrics_text.parse_nvidia_smi(line, self.file, lineno)
-        if 'HTTP/' in line and '" ' in line and "INFO:" not in line[:64]:
-            # an access line in a format of its own (a custom log_format); not an API server's own uvicorn
-            # line behind another prefix (SGLang's "[<time>] INFO:     <addr> - ...": its served requests)
+        if gateways.custom_access(line):  # an access line in a format of its own (a custom log_format)
             return gateways.parse_access_any(line, self.file, lineno)
         return None
 

@@ -7,7 +7,7 @@ from operator import getitem, not_
 
 from triage.model import Event
 from triage.parsers import bulk, client
-from triage.parsers.runs import SCANNED
+from triage.parsers.runs import SCANNED, family_of, run_finder
 from triage.parsers.wanted import Wanted
 
 # A block where this share of lines has a keyword is followed by DENSE_BLOCKS blocks taken whole, then
@@ -50,6 +50,10 @@ class BlockReader:
         self.line = ""  # the line parse() is at (its own text, not a message inside it)
         self.forms = list(self.wanted.bulk_forms)  # bulk forms, those this file had first
         self.counted: tuple[str | None, int] = (None, 0)  # the last block pieces() counted whole, its lines
+        # the forms of one program's log (runs.FAMILIES) once a block of this file was one run of them alone,
+        # and the search for runs of those forms alone then
+        self.family: tuple[str, ...] | None = None
+        self.finder = wanted.bulk_runs
 
     def candidates(self, first: int, block: str) -> list[tuple[int, str]]:
         """(line number, line) of the block's lines that may hold events, in order: those with a keyword,
@@ -89,8 +93,8 @@ class BlockReader:
                 whole = self._finished_block(first, block, raw)
                 if whole is not None:
                     return whole
-            return self._finished_runs(self._pieces(first, block, raw, runs))
-        return self._pieces(first, block, raw, runs)
+            return self._finished_runs(self._pieces(first, block, raw, self.finder))
+        return self._pieces(first, block, raw, self.finder)
 
     def _finished_block(self, first: int, block: str, raw: bytes) -> list | None:
         """The pieces of an ASCII block of this engine's JSON log whose request.finished lines are all of
@@ -166,6 +170,7 @@ class BlockReader:
         stop, stop_prompts, stop_vllm = wanted.bulk_stop.search, wanted.bulk_stop_prompts.search, wanted.bulk_stop_vllm.search
         catalog = wanted.block_scanners[0].search  # (the catalog's keywords, over bytes)
         pos = gap = 0  # gap: where the lines not yet handed start
+        found: set[str] = set()  # the forms of the runs read in bulk
         gap_line = first  # the line number before gap
         while (span := search(raw, pos)) is not None:
             start, end = span
@@ -183,7 +188,7 @@ class BlockReader:
                     continue
                 run.text.marks[bulk.STATS_WORDS] = [block.rfind("\n", 0, at) + 1 for at in hits]
             try:
-                totals = bulk.summarise(run, self.forms, nlines)
+                totals = bulk.summarise(run, self.forms, nlines, self.family)
             except (ValueError, IndexError, TypeError):  # a bug must cost the bulk path, never the diagnosis
                 totals = None
             if totals is None:
@@ -202,6 +207,7 @@ class BlockReader:
                     continue  # (a stats line with a catalog keyword: its reading makes an event of it)
                 if not vllm and "received" in scanned and run.text.has("#running-req"):
                     continue  # (a prompt the per-line reading takes for a stats line: not among those stop words)
+            found.update(run.found)
             if gap < start:
                 out.extend(self.candidates(gap_line, block[gap:start]))
             out.extend(totals)
@@ -212,6 +218,8 @@ class BlockReader:
                 self.num_runless, self.skip_runs = 0, RUNLESS_SKIP
             return self.candidates(first, block)
         self.num_runless = 0
+        if self.family is None and (family := family_of(found, wanted.bulk_forms)) is not None:
+            self.family, self.finder = family, run_finder(family)  # (a block's runs all of one program's forms)
         if gap < len(block):
             tail = count(b"\n", gap)
             out.extend(self.candidates(gap_line, block[gap:]))

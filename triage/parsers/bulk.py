@@ -20,7 +20,8 @@ from operator import and_, attrgetter, indexOf, itemgetter, not_
 import orjson
 
 from triage.model import Event
-from triage.parsers.runs import kinds_of
+from triage.parsers.gateways import custom_access
+from triage.parsers.runs import form_pattern, kinds_of
 from triage.parsers.text_logs import vllm_stats
 from triage.timeparse import clf_order_key, parse_clf, parse_iso, parse_md_hms
 
@@ -153,12 +154,13 @@ class Run:
         self.event_of = event_of  # (line number, line) -> the per-line parser's event of that line
         self.starts: dict[str, list[int]] = {}
         self.found: list[str] = []  # the forms of its lines (summarise)
+        self.rest: str | None = None  # the form whose lines are those the others leave (summarise's family)
 
     def line(self, form: str, row: int) -> tuple[int, str]:
         """(line number, text) of the form's row-th line in the run."""
         starts = self.starts.get(form)
         if starts is None:
-            starts = self.starts[form] = self.text.line_starts(_EXTRACT[form])
+            starts = self.starts[form] = self._rest_starts() if form == self.rest else self.text.line_starts(_EXTRACT[form])
         at = starts[row]  # the offset of the line in the block
         block, lo = self.text.block, self.text.lo
         end = block.find("\n", at)
@@ -166,6 +168,20 @@ class Run:
 
     def event(self, form: str, row: int) -> Event | None:
         return self.event_of(*self.line(form, row))
+
+    def _rest_starts(self) -> list[int]:
+        """Where each line of the rest form starts: the run's lines that no other form of it has."""
+        block, at, hi = self.text.block, self.text.lo, self.text.hi
+        others: set[int] = set()
+        for form in self.found:
+            if form != self.rest:
+                others.update(self.starts.get(form) or self.text.line_starts(_EXTRACT[form]))
+        out = []
+        while at < hi:
+            if at not in others:
+                out.append(at)
+            at = block.find("\n", at, hi) + 1
+        return out
 
 
 def _rows(name: str, text: RunText) -> list | tuple | int | None:
@@ -217,17 +233,21 @@ def _md_hms(stamp: str):
     return parse_md_hms(stamp[:5], stamp[6:])
 
 
-def summarise(run: Run, names: list[str], nlines: int) -> list[Event] | None:
+def summarise(run: Run, names: list[str], nlines: int, family: tuple[str, ...] | None = None) -> list[Event] | None:
     """The totals events of a run; None when its rows cannot all be told apart (read it line by line).
     names: the forms to try, those a file had before first (once they account for every line of the
-    run, no other form can have one)."""
+    run, no other form can have one). family: the forms the run's lines are all of (its search looked
+    for those alone, runs.FAMILIES), whose last form has the lines the others leave."""
     text = run.text
     out: list[Event] = []
     accounted = 0
     found = []
+    rest = family[-1] if family else None
     for name in names:
         if accounted == nlines:
             break
+        if family is not None and (name == rest or name not in family):
+            continue
         mark = _MARK.get(name)  # (a form read from the lines with a literal: none)
         if mark is not None and not text.has(mark):
             continue
@@ -245,6 +265,15 @@ def summarise(run: Run, names: list[str], nlines: int) -> list[Event] | None:
         if made is not False:
             out.append(made)
         found.append(name)
+    if rest is not None and accounted < nlines:
+        made = _SUMMARISE[rest](run, rest, nlines - accounted, text)
+        if made is None:
+            return None
+        if made is not False:
+            out.append(made)
+        found.append(rest)
+        run.rest = rest
+        accounted = nlines
     if accounted != nlines:
         return None
     if names[:len(found)] != found:  # the forms found go first for the file's next runs
@@ -313,17 +342,20 @@ def _sglang(run: Run, form: str, rows: list, text: RunText) -> Event | None:
 
 
 _VLLM_STAMP = ") INFO "
+_STATS_LINE = re.compile(form_pattern("vllm-stats"), re.ASCII)  # (a stats line whole, as the run search reads it)
 
 
 def _vllm_stats(run: Run, form: str, rows: int, text: RunText) -> Event | None:
     """vLLM's stats lines (a few a run): each read by the per-line reading's own field patterns, as columns
-    (a line with fields another lacks: line by line). (A logged prompt with the words: FileParser._pieces
-    counts them.)"""
+    (a line with fields another lacks: line by line). A line with the words that is no stats line as the per-line
+    reading reads it (a logged prompt with them) sends the run back to that reading."""
     block = text.block
     starts = run.starts[form] = text.lines_with(_EXTRACT[form])
     if len(set(starts)) != rows:
         return None  # the words twice in a line
     lines = [block[at:block.find("\n", at)] for at in starts]
+    if not all(map(_STATS_LINE.fullmatch, lines)) or any(map(custom_access, lines)):
+        return None  # the words in a line of another form (a logged prompt), or a line read as an access line
     fields = list(map(vllm_stats, lines))
     keys = fields[0].keys()
     if any(f.keys() != keys for f in fields):
@@ -386,7 +418,7 @@ def _envoy_values(text: RunText, n: int) -> tuple[dict, bool] | None:
             values = {key: [] for key in _ENVOY_KEYS}
             values.update(zip(taken, map(list, columns), strict=True))
             return values, utc
-    if text.count('"response_flags":') != n:
+    if text.count('"response_flags":') != n or text.count('"response_code":') != n:
         return None  # a key twice in a line: line by line
     values = {}
     for key, pattern in _ENVOY_VALUES.items():

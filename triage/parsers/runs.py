@@ -1,6 +1,8 @@
 """Which lines are routine: the forms of lines read in bulk (each a whole line, in RE2's syntax), and the
 one RE2 pass over a block that finds the runs of them (triage.parsers.bulk sums each run up)."""
 
+from functools import cache
+
 import re2
 
 # Bytes whose presence anywhere in a run sends it back to the line-by-line reading: what makes the
@@ -56,6 +58,11 @@ _FORMS: dict[str, tuple[str, str, str]] = {  # name -> (kind, source, one whole 
                 r'(?:\(\w{1,12} pid=\d{1,7}\) )?INFO: +[\d.:\[\]a-f]+ - "[A-Z]+ [^\s"\[]+ HTTP/[\d.]+" '
                 r"[1-3]\d\d(?: [A-Za-z '-]*)?"),
 }
+# The forms one program writes into its own log, its access lines last. Once a block of a file is one run of
+# one family's forms alone, the file's runs are searched for that family's forms alone (a line of any other
+# form ends a run), and the access lines of such a run are the lines the other forms leave: no pass over
+# the run counts them (triage.parsers.bulk.summarise).
+FAMILIES = (("received", "vllm-stats", "uvicorn"), ("sglang-batch", "sglang-uvicorn"), ("envoy-json",))
 SCANNED = frozenset({"received", "vllm-stats", "sglang-batch", "sglang-uvicorn"})  # forms whose lines the per-line
 # reading scans for catalog keywords and phase words: a run with them is searched for those words
 
@@ -81,8 +88,22 @@ class RunFinder:
         return start, self.run.match(raw, start).end()
 
 
-def run_finder(names: list[str]) -> RunFinder | None:
-    return RunFinder(names) if names else None
+@cache
+def run_finder(names: tuple[str, ...]) -> RunFinder | None:
+    return RunFinder(list(names)) if names else None
+
+
+def family_of(found: list[str], taken: list[str]) -> tuple[str, ...] | None:
+    """The family whose forms a run's found forms all are, when every form of it is taken; else None."""
+    for family in FAMILIES:
+        if set(found) <= set(family) <= set(taken):
+            return family
+    return None
+
+
+def form_pattern(name: str) -> str:
+    """A form's whole line in RE2's syntax (Python's re reads it alike, the same or stricter with re.ASCII)."""
+    return _FORMS[name][2]
 
 
 def kinds_of(name: str) -> tuple[str, str]:

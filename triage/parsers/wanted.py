@@ -75,14 +75,13 @@ class Wanted:
         bulk_kinds = set(bulk_kinds)
         self.bulk_forms = [name for name in runs.FORM_NAMES if bulk_kinds and (
             not runs.kinds_of(name)[0] or runs.kinds_of(name)[0] in bulk_kinds and self.takes(*runs.kinds_of(name)))]
-        self.bulk_runs = runs.run_finder(self.bulk_forms)
+        self.bulk_runs = runs.run_finder(tuple(self.bulk_forms))
         # this engine's request.finished lines among the lines the scan finds, read in bulk too
         self.bulk_finished = "request.finished" in bulk_kinds and self.takes("request.finished", engine_json.SOURCE)
         # every line with this engine's request.finished event is one the scan finds: _scan takes those
         # lines by a literal search and scans only the others (an RE2 hit costs microseconds in Python)
         self.finished_literal = self.bulk_finished and '"request.finished"' in literals
         # a run with one of these anywhere is read line by line: catalog keywords, phase words, and what
-        # makes the per-line reading take a routine-looking line for something else
         # makes the per-line reading take a routine-looking line for something else; each counts vLLM's
         # stats words (a line with them is read as a stats line: as many as the run has stats lines)
         counted = (bulk.STATS_WORDS,)

@@ -48,7 +48,7 @@ def _vllm(rng, i, t):
         when = f"Today is {t.strftime('%Y-%m-%d %H:%M:%S')}. " if i > 4000 else ""
         prompt = f"{when}You are a support assistant. Question {i % 7}: where is my order?"
         if i == 2501:
-            prompt = "Loading weights of my thoughts"  # a phase word in a prompt: read line by line
+            prompt = "Loading weights of my thoughts"  # a phase word in a prompt: the prompt's
         if i == 5997:  # a stats line's words in a prompt: the per-line reading's own way
             prompt = "Why is #running-req: 3 below Avg prompt throughput: 9?"
         return (f"{head} Received request chatcmpl-{i:08x}: prompt: '{prompt}', params: SamplingParams(n=1, "
@@ -91,6 +91,8 @@ def _vllm_family(rng, i, t):
         return _nginx_kv(rng, i, t)
     if i == 4802:  # a stats line the per-line reading takes for an access line (a request line and status in it)
         return line + ', last: "GET /metrics HTTP/1.1" 200'
+    if i in (2202, 2402):  # stats lines with a start-up phase word, a CUDA build tag: their reading makes an event of each
+        return line + (", Capturing CUDA graph" if i == 2202 else ", torch 2.7.0+cu126")
     return line
 
 
@@ -286,7 +288,7 @@ def test_bulk_reading_gives_the_line_by_line_diagnosis(tmp_path, monkeypatch, na
     in_bulk, facts_in_bulk, num_bulk = _run(tmp_path, monkeypatch, True)
     assert none == 0
     # nearly every line a rule reads was read in bulk
-    assert num_bulk > {"engine": 0.8, "engine-odd": 0.2, "vllm-keywords": 0.4, "vllm-family": 0.7}.get(name, 0.9) * facts_in_bulk[0][3]
+    assert num_bulk > {"engine": 0.8, "engine-odd": 0.2, "vllm-keywords": 0.4, "vllm-family": 0.6}.get(name, 0.9) * facts_in_bulk[0][3]
     assert in_bulk == by_line
     assert facts_in_bulk == facts_by_line
     assert by_line["findings"]  # the rare lines were found either way

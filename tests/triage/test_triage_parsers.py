@@ -244,6 +244,17 @@ def test_prompt_text_is_not_scanned_for_errors():
     assert kinds(line) == ["request.received"]
 
 
+@pytest.mark.parametrize("prompt", [
+    "Loading weights took ages, is CUDA graph capture slow?",  # start-up phase words
+    "Engine 000: Avg prompt throughput: 9.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs: is that bad?",  # vLLM's stats
+    "Decode batch, #running-req: 8, #queue-req: 40, what does it mean?",  # SGLang's stats
+])
+def test_a_logged_prompt_is_the_prompt_alone(prompt):
+    line = (f"(APIServer pid=1) INFO 10-02 11:00:01 [logger.py:43] Received request chatcmpl-1: prompt: '{prompt}', "
+            "params: SamplingParams(n=1), prompt_token_ids: None, lora_request: None.")
+    assert kinds(line) == ["request.received"]
+
+
 def test_loadgen_requests_csv_real_header():
     header = ("request_id,worker,profile,scheduled_unix,client_queue_s,outcome,failure_kind,http_status,ttft_s,"
               "tpot_s,e2e_s,end_s,num_chunks,prompt_tokens,output_tokens,output_tokens_source,cached_tokens,"

@@ -167,8 +167,7 @@ class BlockReader:
         out: list = []
         search, count, newlines = runs.search, raw.count, _newlines
         wanted = self.wanted
-        stop, stop_prompts, stop_vllm = wanted.bulk_stop.search, wanted.bulk_stop_prompts.search, wanted.bulk_stop_vllm.search
-        catalog = wanted.block_scanners[0].search  # (the catalog's keywords, over bytes)
+        stop, stop_vllm = wanted.bulk_stop.search, wanted.bulk_stop_vllm.search
         pos = gap = 0  # gap: where the lines not yet handed start
         found: set[str] = set()  # the forms of the runs read in bulk
         gap_line = first  # the line number before gap
@@ -196,17 +195,14 @@ class BlockReader:
             scanned = SCANNED.intersection(run.found)
             if scanned:
                 vllm = scanned <= _VLLM_FORMS
-                if not (first_scan and vllm):  # (stop_vllm holds stop_prompts' words)
-                    words = (stop_prompts if scanned == {"received"} else stop_vllm) if vllm else stop
-                    hits = words(raw, start, end)
+                if not (first_scan and vllm):
+                    hits = (stop_vllm if vllm else stop)(raw, start, end)
                 # a line of it that may be read otherwise (line by line), or vLLM's stats words in another
                 # line than a stats line
                 if hits is None or len(hits) != bulk.rows_of(totals, "vllm-stats"):
                     continue
-                if vllm and any(catalog(raw, raw.rfind(b"\n", 0, at) + 1, raw.find(b"\n", at)) for at in hits):
-                    continue  # (a stats line with a catalog keyword: its reading makes an event of it)
-                if not vllm and "received" in scanned and run.text.has("#running-req"):
-                    continue  # (a prompt the per-line reading takes for a stats line: not among those stop words)
+                if vllm and any(stop(raw, raw.rfind(b"\n", 0, at) + 1, raw.find(b"\n", at)) is None for at in hits):
+                    continue  # (a stats line with a keyword, a phase word: its reading makes an event of it)
             found.update(run.found)
             if gap < start:
                 out.extend(self.candidates(gap_line, block[gap:start]))

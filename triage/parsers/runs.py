@@ -113,11 +113,10 @@ def kinds_of(name: str) -> tuple[str, str]:
 FORM_NAMES = tuple(_FORMS)
 
 
-def stop_words(prompts: bool = False, vllm: bool = False) -> list[str]:
-    """Literals that send a run of logged prompts or SGLang lines back to the line-by-line reading (an
-    access line's reading never looks for them): what makes that reading take such a line for something
-    else; prompts: for logged prompts alone (their reading never looks for a CUDA version); prompts or
-    vllm (logged prompts and vLLM's stats lines): a prompt with SGLang's stats words is read as one.
-    (vLLM's stats words, bulk.STATS_WORDS, are counted instead: FileParser._pieces.)"""
-    tricky = [t.decode() for t in (_TRICKY[:3] if prompts else _TRICKY)]
-    return [*tricky, *(("#running-req",) if prompts or vllm else ())]
+def stop_words(vllm: bool = False) -> list[str]:
+    """Literals that send a run of routine lines back to the line-by-line reading (an access line's reading
+    never looks for them): what makes that reading take such a line for something else. vllm: for vLLM's
+    logged prompts and stats lines, whose per-line reading looks at no CUDA version in a logged prompt (it
+    reads such a line as the prompt alone: a stats line's words in it are the user's). (vLLM's stats lines
+    are read one by one for every stop word and catalog keyword: FileParser._pieces.)"""
+    return [t.decode() for t in (_TRICKY[:3] if vllm else _TRICKY)]

@@ -222,6 +222,11 @@ def vllm_stats(msg: str) -> dict:
 def engine_text_events(msg: str, phase: bool = True) -> list[tuple[str, dict]]:
     """Engine semantics of a text message: stats lines, start-up phases, request lifecycle. phase False:
     the line is known to hold no phase marker word (its block was scanned for them)."""
+    # a logged prompt is user text: a stats line's words or a phase word in it are the user's, not the engine's
+    if "Received request" in msg and (received := _received(msg)):
+        return [("request.received", received)]
+    if " details: prompt: " in msg and (received := _received(msg, _DETAILS_HEAD, ", prompt_token_ids")):
+        return [("request.received", received)]
     out: list[tuple[str, dict]] = []
     if "Avg prompt throughput" in msg:
         out.append(("engine.stats", vllm_stats(msg)))
@@ -232,10 +237,6 @@ def engine_text_events(msg: str, phase: bool = True) -> list[tuple[str, dict]]:
         if "new_tokens" in fields and "prefix_hit_tokens" in fields:
             fields["prefix_queried_tokens"] = fields["new_tokens"] + fields["prefix_hit_tokens"]
         out.append(("engine.stats", fields))
-    elif "Received request" in msg and (received := _received(msg)):
-        out.append(("request.received", received))
-    elif " details: prompt: " in msg and (received := _received(msg, _DETAILS_HEAD, ", prompt_token_ids")):
-        out.append(("request.received", received))
     elif "borted" in msg and (m := _ABORTED.search(msg)):
         if m.group("ids"):  # vLLM's engine side: internal ids
             ids = [external_request_id(i) for i in m.group("ids").split(",") if i]

@@ -81,16 +81,14 @@ class Wanted:
         # every line with this engine's request.finished event is one the scan finds: _scan takes those
         # lines by a literal search and scans only the others (an RE2 hit costs microseconds in Python)
         self.finished_literal = self.bulk_finished and '"request.finished"' in literals
-        # a run with one of these anywhere is read line by line: catalog keywords, phase words, and what
-        # makes the per-line reading take a routine-looking line for something else; each counts vLLM's
-        # stats words (a line with them is read as a stats line: as many as the run has stats lines)
+        # a run with one of these anywhere is read line by line: catalog keywords, phase words, and what makes
+        # the per-line reading take a routine-looking line for something else; each counts vLLM's stats words
+        # (a line with them is read as a stats line: as many as the run has stats lines)
         counted = (bulk.STATS_WORDS,)
         self.bulk_stop = Words([*keywords, *text_logs.PHASE_WORDS, *runs.stop_words()], counted)  # (no envelope)
-        # logged prompts alone: their reading looks for phase words, never for catalog keywords
-        self.bulk_stop_prompts = Words([*text_logs.PHASE_WORDS, *runs.stop_words(prompts=True)], counted)
-        # logged prompts and vLLM's stats lines (the catalog's keywords are looked for in the stats lines alone:
-        # of such a run's lines, only their reading looks for them; FileParser._pieces)
-        self.bulk_stop_vllm = Words([*text_logs.PHASE_WORDS, *runs.stop_words(vllm=True)], counted)
+        # vLLM's logged prompts and stats lines: a logged prompt's reading looks for no keyword, no phase word
+        # (the stats lines are read for those one by one: FileParser._pieces)
+        self.bulk_stop_vllm = Words(runs.stop_words(vllm=True), counted)
 
     def takes(self, kind: str, source: str | None) -> bool:
         """Whether any rule reads events of kind from source (None: some source)."""

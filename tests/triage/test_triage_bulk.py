@@ -147,6 +147,8 @@ def _envoy(rng, i, t, mixed=True):
     line = json.dumps(row, separators=(",", ":"))
     if mixed and i == 4402:  # a served request's code, then a 504 under the same key: JSON takes the last
         return line.replace('"bytes_sent":2000', '"bytes_sent":2000,"response_code":504')
+    if i == 2222:  # a value of another type than the first line's (a string where it has a number)
+        return line.replace('"duration":', '"duration":"').replace(',"x_forwarded_for"', '","x_forwarded_for"', 1)
     return line
 
 

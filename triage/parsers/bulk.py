@@ -381,25 +381,28 @@ def _nothing(run: Run, form: str, rows: int, text: RunText) -> bool:
 # comma or a brace): a string to its closing quote, anything else to the next comma (one excluded
 # character, which Python's re skips at memchr-like speed; the line's last value then gives back what it
 # took past its brace: the pattern ends in the brace before the line's end)
-_JSON_VALUE = r'"[^"]*"|[^,]*'
-_KEYED: dict[tuple, re.Pattern | None] = {}  # (a key order, utc) -> the regex of a line with exactly those keys
+_KEYED: dict[tuple, re.Pattern | None] = {}  # (keys and value types, utc) -> the regex of a line of exactly those
 _UTC_TIME = r'"[^"]*Z"'  # (a start_time in UTC, "...Z": ISO times of one length then sort as they read)
-_KEYS = re.compile(r'"([\w.-]+)":')
+_KEYS = re.compile(r'"([\w.-]+)":(")?')  # (a key, and a quote where its value is a string)
 
 
-def _keyed(keys: tuple, utc: bool) -> re.Pattern | None:
-    """One findall for every Envoy line with exactly these keys in this order: the values the bulk
-    reading takes as groups (None for a key order with a key twice or one another reading takes); utc:
-    its start_time a string that ends in "Z" (else the line is not matched)."""
-    if (keys, utc) in _KEYED:
-        return _KEYED[keys, utc]
+def _keyed(fields: tuple, utc: bool) -> re.Pattern | None:
+    """One findall for every Envoy line with exactly these keys in this order, each value a string where
+    the first line's is (fields: (key, '"' or '') pairs): the values the bulk reading takes as groups (None
+    for a key order with a key twice or one another reading takes); utc: its start_time a string that ends
+    in "Z" (else the line is not matched). (A value of one type a key: no alternation to try a value.)"""
+    if (fields, utc) in _KEYED:
+        return _KEYED[fields, utc]
     pattern = None
+    keys = [k for k, _ in fields]
     if len(set(keys)) == len(keys) and not {"event", "logger", "ttft_s"} & set(keys):
-        parts = [f'"{re.escape(k)}":' + (f"({_UTC_TIME if utc and k == 'start_time' else _JSON_VALUE})"
-                                         if k in _ENVOY_KEYS else f"(?:{_JSON_VALUE})") for k in keys]
+        parts = []
+        for key, quote in fields:
+            value = (_UTC_TIME if utc and key == "start_time" else '"[^"]*"') if quote else "[^,]*"
+            parts.append(f'"{re.escape(key)}":' + (f"({value})" if key in _ENVOY_KEYS else value))
         pattern = re.compile(r"\n\{" + ",".join(parts) + r"\}(?=\n)")
     if len(_KEYED) < 64:
-        _KEYED[keys, utc] = pattern
+        _KEYED[fields, utc] = pattern
     return pattern
 
 
@@ -409,11 +412,12 @@ def _envoy_values(text: RunText, n: int) -> tuple[dict, bool] | None:
     UTC where the first has), else one findall a key."""
     first = text.first_line()
     utc = '"start_time":' in first and re.search(r'"start_time":"[^"]*Z"', first) is not None
-    pattern = _keyed(tuple(_KEYS.findall(first)), utc) if '"response_code":' in first else None
+    fields = tuple(_KEYS.findall(first))
+    pattern = _keyed(fields, utc) if '"response_code":' in first else None
     if pattern is not None:
         rows = text.findall(pattern)
         if len(rows) == n:
-            taken = [k for k in _KEYS.findall(first) if k in _ENVOY_KEYS]
+            taken = [k for k, _ in fields if k in _ENVOY_KEYS]
             columns = list(zip(*rows, strict=True)) if len(taken) > 1 else [rows] if taken else []
             values = {key: [] for key in _ENVOY_KEYS}
             values.update(zip(taken, map(list, columns), strict=True))

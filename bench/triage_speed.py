@@ -10,8 +10,9 @@
   its uvicorn lines, with an Envoy JSON access log (Istio's keys); KV cache retraction two thirds through.
 
 For each folder it times `llmtriage diagnose DIR --format json` and `grep -c -E <the decisive words>`
-over the same files, in the same run, each REPEAT times, and keeps the best CPU time (user + system),
-which a shared machine disturbs far less than wall time. It prints one line per folder (ratio, MB per CPU
+over the same files, in the same run, in turn, each REPEAT times (five by default), and keeps the best CPU
+time (user + system), which a shared machine disturbs far less than wall time (a single run of either side
+moves by a sixth there; the best of five settles within a few hundredths of the ratio). It prints one line per folder (ratio, MB per CPU
 second, peak RSS of the llmtriage run, first finding) and last one JSON object with the same per folder;
 the target is a ratio of 5 or less.
 
@@ -226,15 +227,15 @@ def bench_folder(name: str, folder: Path, size_mb: int, repeat: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="32 MB a folder instead of 256 MB, two runs each")
+    parser.add_argument("--quick", action="store_true", help="32 MB a folder instead of 256 MB, three runs each")
     parser.add_argument("--size-mb", type=int, help="generate this many MB a folder instead")
     parser.add_argument("--folder", choices=sorted(FOLDERS), action="append", help="only this folder (repeatable)")
-    parser.add_argument("--repeat", type=int, help="runs of each side, the best kept (default 3, --quick 2)")
+    parser.add_argument("--repeat", type=int, help="runs of each side, the best kept (default 5, --quick 3)")
     parser.add_argument("--data", metavar="DIR", help="keep the logs in DIR/<folder>: generated there when it is "
                         "empty, reused as they are (whatever their size) when it is not")
     args = parser.parse_args()
     size_mb = args.size_mb or (32 if args.quick else 256)
-    repeat = args.repeat or (2 if args.quick else 3)
+    repeat = args.repeat or (3 if args.quick else 5)
     # Bytecode for every module first, as an installed llmtriage has it: where Python may not write it
     # (PYTHONDONTWRITEBYTECODE, a read-only tree), a module edited since would be compiled again in each
     # run (about 0.1 s for triage's modules), which is no part of reading logs.

@@ -12,7 +12,7 @@
 For each folder it times `llmtriage diagnose DIR --format json` and `grep -c -E <the decisive words>`
 over the same files, in the same run, in turn, each REPEAT times (five by default), and keeps the best CPU
 time (user + system), which a shared machine disturbs far less than wall time (a single run of either side
-moves by a sixth there; the best of five settles within a few hundredths of the ratio). It prints one line per folder (ratio, MB per CPU
+moves by a sixth there). It prints one line per folder (ratio, MB per CPU
 second, peak RSS of the llmtriage run, first finding) and last one JSON object with the same per folder;
 the target is a ratio of 5 or less.
 

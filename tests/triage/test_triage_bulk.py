@@ -568,3 +568,25 @@ def test_routine_finished_tells_each_line():
         some = rng.sample(lines, rng.randint(0, len(lines)))
         assert bulk.routine_finished(some) == list(map(_routine_finished, some))
     assert bulk.routine_finished(lines).count(True) == 3
+
+
+def test_the_lines_a_family_run_leaves_are_its_access_lines():
+    """In a run searched for one program's forms alone, the access lines are the lines its other forms leave:
+    counted so, and each one's own line found so when a rule quotes it (a logged prompt that quotes an
+    access line among them)."""
+    rng = random.Random(3)
+    lines = [_vllm(rng, i, T0 + timedelta(seconds=i)) for i in range(1, 400)]
+    lines = [line for line in lines if "503" not in line and "ERROR" not in line]
+    prompt = next(k for k, line in enumerate(lines) if "where is my order?" in line)
+    lines[prompt] = lines[prompt].replace("where is my order?", 'INFO:     127.0.0.1:1 - "GET / HTTP/1.1" 200 OK')
+    block = "\n".join(lines) + "\n"
+    quoted = []
+    run = bulk.Run("vllm.log", 0, bulk.RunText(block, 0, len(block)), lambda lineno, line: quoted.append((lineno, line)))
+    family = ("received", "vllm-stats", "uvicorn")
+    totals = bulk.summarise(run, list(family), len(lines), family)
+    access = [(n, line) for n, line in enumerate(lines, 1) if "Received request" not in line and "Avg prompt" not in line]
+    assert "Received request" in lines[prompt] and "INFO: " in lines[prompt] and totals is not None
+    assert bulk.rows_of(totals, "uvicorn") == len(access) and run.rest == "uvicorn"
+    for row in (0, 1, len(access) - 1):
+        run.event("uvicorn", row)
+    assert quoted == [access[0], access[1], access[-1]]

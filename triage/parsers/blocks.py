@@ -50,8 +50,8 @@ class BlockReader:
         self.line = ""  # the line parse() is at (its own text, not a message inside it)
         self.forms = list(self.wanted.bulk_forms)  # bulk forms, those this file had first
         self.counted: tuple[str | None, int] = (None, 0)  # the last block pieces() counted whole, its lines
-        # the forms of one program's log (runs.FAMILIES) once a block of this file was one run of them alone,
-        # and the search for runs of those forms alone then
+        # the forms of one program's log (runs.FAMILIES) once the runs of a block of this file were all of
+        # them, and the search for runs of those forms alone then
         self.family: tuple[str, ...] | None = None
         self.finder = wanted.bulk_runs
 

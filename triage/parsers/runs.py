@@ -58,10 +58,10 @@ _FORMS: dict[str, tuple[str, str, str]] = {  # name -> (kind, source, one whole 
                 r'(?:\(\w{1,12} pid=\d{1,7}\) )?INFO: +[\d.:\[\]a-f]+ - "[A-Z]+ [^\s"\[]+ HTTP/[\d.]+" '
                 r"[1-3]\d\d(?: [A-Za-z '-]*)?"),
 }
-# The forms one program writes into its own log, its access lines last. Once a block of a file is one run of
-# one family's forms alone, the file's runs are searched for that family's forms alone (a line of any other
-# form ends a run), and the access lines of such a run are the lines the other forms leave: no pass over
-# the run counts them (triage.parsers.bulk.summarise).
+# The forms one program writes into its own log, its access lines last. Once the runs of a block of a file
+# are all of one family's forms, the file's runs are searched for that family's forms alone (a line of any
+# other form ends a run), and the access lines of such a run are the lines the other forms leave: no pass
+# over the run counts them (triage.parsers.bulk.summarise).
 FAMILIES = (("received", "vllm-stats", "uvicorn"), ("sglang-batch", "sglang-uvicorn"), ("envoy-json",))
 SCANNED = frozenset({"received", "vllm-stats", "sglang-batch", "sglang-uvicorn"})  # forms whose lines the per-line
 # reading scans for catalog keywords and phase words: a run with them is searched for those words
@@ -93,10 +93,10 @@ def run_finder(names: tuple[str, ...]) -> RunFinder | None:
     return RunFinder(list(names)) if names else None
 
 
-def family_of(found: list[str], taken: list[str]) -> tuple[str, ...] | None:
-    """The family whose forms a run's found forms all are, when every form of it is taken; else None."""
+def family_of(found: set[str] | list[str], taken: list[str]) -> tuple[str, ...] | None:
+    """The family whose forms the found forms (of some runs) all are, when every form of it is taken; else None."""
     for family in FAMILIES:
-        if set(found) <= set(family) <= set(taken):
+        if found and set(found) <= set(family) <= set(taken):
             return family
     return None
 

@@ -5,6 +5,7 @@ import re
 from datetime import UTC, datetime
 
 from triage.model import Event
+from triage.parsers.text_logs import LOGGED_PROMPT_WORDS
 from triage.timeparse import parse_clf, parse_iso, parse_slash
 
 _NGINX_ACCESS = re.compile(
@@ -180,18 +181,13 @@ def parse_nginx_access(line: str, file: str, lineno: int) -> Event | None:
     return _access(fields, source, parse_clf(m.group("time")), file, lineno, line)
 
 
-# An engine's logged prompt (vLLM's "Received request <id>: prompt: '...'", TGI's and older vLLM's
-# "Request <id> details: prompt: '...'") is user text: an HTTP request line quoted in it is no access line
-_LOGGED_PROMPT = ("Received request", " details: prompt: ")
-
-
 def custom_access(line: str) -> bool:
     """Whether the per-line reading takes a line no known access format reads for an access line in a
     format of its own (parse_access_any): a quoted request line with a status in it, and not an API
     server's own uvicorn line behind another prefix (SGLang's "[<time>] INFO:     <addr> - ...": its served
     requests) nor an engine's logged prompt."""
     return ('HTTP/' in line and '" ' in line and "INFO:" not in line[:64]
-            and not any(word in line for word in _LOGGED_PROMPT))
+            and not any(word in line for word in LOGGED_PROMPT_WORDS))  # (a request line quoted in a prompt)
 
 
 def parse_access_any(line: str, file: str, lineno: int) -> Event | None:

@@ -183,12 +183,15 @@ _RECEIVED_HEAD = re.compile(r"Received request (?P<id>[^\s:]+):? prompt: (?P<q>[
 # vLLM 0.11+ logs the prompt at DEBUG only (--enable-log-requests --log-level DEBUG), in its own line:
 # "Request <id> details: prompt: '<prompt>', prompt_token_ids: [...], prompt_embeds shape: None."
 _DETAILS_HEAD = re.compile(r"Request (?P<id>\S+) details: prompt: (?P<q>['\"])")
+# The words of a logged prompt's line, one of which each holds (vLLM's "Received request <id>: prompt: '...'",
+# TGI's and later vLLM's "Request <id> details: prompt: '...'"): what follows them is user text
+LOGGED_PROMPT_WORDS = ("Received request", " details: prompt: ")
 PHASE_WORDS = tuple(k for _, keys in _PHASES for k in keys)
 _ANY_PHASE = re2.compile("|".join(map(re.escape, PHASE_WORDS)))
 # triage.parsers.MAKES: the kinds engine_text_events makes, by the words it checks first
 MAKES = (
     ("engine.stats", None, ("Avg prompt throughput", "#running-req", _V0_HIT_RATE), ()),
-    ("request.received", None, ("Received request", " details: prompt: "), ()),
+    ("request.received", None, LOGGED_PROMPT_WORDS, ()),
     ("request.aborted", None, ("borted",), ()),
     *((kind, None, keys, ()) for kind, keys in _PHASES),
 )

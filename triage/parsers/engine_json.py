@@ -22,8 +22,10 @@ _NOT_BELOW_1 = r"(?:-?[1-9]|-?0[0-9.]*[eE]|-?0[0-9]|[^-0-9\s]|-[^0-9])"
 def scan_patterns(kind: str, needs: list) -> tuple[list[str], list[str]]:
     """(literals, regexes in RE2 syntax) that find every line of this kind that a Need takes: the text
     form by its event name after a space, the JSON form by its quoted name and, where every Need narrows
-    the kind by one field or one bound of at least 1, by that too (on either side of the name): routine
-    lines no rule reads are then never handed over. The parser checks exactly (FileParser._json)."""
+    the kind by one field or one bound of at least 1, by that instead: a field by its key on either side
+    of the name, a bound by its key and number alone (a number that high is rare in any line, and the
+    name beside it would cost the scan a pass to the line's end at each key). Routine lines no rule reads
+    are then never handed over. The parser checks exactly (FileParser._json)."""
     name = re.escape(kind)
     text_form, quoted = f" {kind}", f'"{kind}"'
     conds = []
@@ -32,8 +34,9 @@ def scan_patterns(kind: str, needs: list) -> tuple[list[str], list[str]]:
         parts += [rf'"{re.escape(key)}":\s*{_NOT_BELOW_1}' for key, bound in need.at_least if bound >= 1]
         if len(parts) != 1 or len(need.at_least) > 1 or any(bound < 1 for _, bound in need.at_least):
             return [quoted, text_form], []  # no narrowing to one condition: every line of the kind
-        conds.append(parts[0])
-    return [text_form], [p for c in conds for p in (rf'"{name}"[^\n]*{c}', rf'{c}[^\n]*"{name}"')]
+        conds.append((parts[0], bool(need.at_least)))
+    return [text_form], [p for c, bound in conds
+                         for p in ((c,) if bound else (rf'"{name}"[^\n]*{c}', rf'{c}[^\n]*"{name}"'))]
 
 
 # Fields of the engine's stats and start-up events that are numbers (what every reader of engine.stats

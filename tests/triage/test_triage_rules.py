@@ -141,7 +141,7 @@ def test_a_guessed_cause_still_precedes_its_symptom():
 def _cache_state(rule: CacheRule) -> tuple:
     return (rule.num_requests, rule.num_prompt_tokens, rule.num_cached_tokens, rule.num_short,
             [e.line for e in rule.short_samples], rule.num_multi_block, list(rule.prefix_keys.items()),
-            list(rule.later_to_prefixes.items()), rule.num_shared_keys,
+            list(rule.later_to_prefixes.items()),
             {key: [e.line for e in sample] for key, sample in rule.samples.items()})
 
 

@@ -1,16 +1,16 @@
 """Prefix-cache misses and their cause: dynamic prefix, disabled, eviction, routing, short prompts."""
 
 import re
-from collections import Counter, deque
 from collections.abc import Callable
 from functools import cache, partial
-from itertools import chain, islice, repeat, starmap
+from itertools import chain, islice, repeat
+from operator import getitem, itemgetter
 
 from triage.model import Event, Finding
 from triage.rules import Candidate, Facts, Need, Rule, column, needs_of, request_ids_of
 from triage.rules import cache_text as T
 
-MAX_KEYS = 20_000  # bounded memory: when full, keys seen only once are dropped
+MAX_KEYS = 20_000  # bounded memory: the fingerprint tables keep the keys seen lately (Recent)
 MAX_SAMPLE_KEYS = 200
 MAX_PROMPT_KEYS = 2000
 LOW_HIT_RATE = 0.3
@@ -21,56 +21,96 @@ _DYNAMIC = re.compile(
     r"(?:user|session|request|req|trace)[_ -]?id\s*[:=]\s*\S+", re.I)
 
 
-def _prune(table: dict, weights: list | None = None) -> bool:
-    """Keeps the most repeated half (a random prompt's blocks are seen once); amortised O(1) per insert.
-    Ties keep their insertion order (a stable sort). weights: one per key, in order (the values if None)."""
-    if weights is None:
-        weights = list(table.values())
-    if max(weights) == min(weights):  # all seen alike: the oldest half stays, in order
-        _keep_oldest_half(table)
+class Recent:
+    """The keys seen lately, at most `limit` of them, in two generations of at most limit // 2 each: a new
+    key goes into the young one; when that is full it becomes the old one, and the old one's keys are
+    dropped. A key found in the old generation moves to the young one, so a key seen again within a
+    generation's time stays, where one seen once is gone after two (a random prompt's blocks are seen once).
+    Each step is O(1); add_new() puts many new keys in one step, as put() one by one would."""
+
+    def __init__(self, limit: int):
+        self.half = max(1, limit // 2)
+        self.young: dict = {}
+        self.old: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.young) + len(self.old)
+
+    def items(self):
+        return chain(self.old.items(), self.young.items())
+
+    def values(self):
+        return chain(self.old.values(), self.young.values())
+
+    def get(self, key):
+        """The key's value (moved into the young generation if it was in the old one), or None."""
+        value = self.young.get(key)
+        if value is None:
+            value = self.old.pop(key, None)
+            if value is not None:
+                self.put(key, value)
+        return value
+
+    def put(self, key, value) -> None:
+        """Sets a key's value: a new key goes into the young generation, which turns old if it was full."""
+        young = self.young
+        if key not in young and len(young) >= self.half:
+            self.old, self.young = young, {}
+        self.young[key] = value
+
+    def add_new(self, keys: list, values) -> bool:
+        """put() of each key with its value, in turn, where none is in the table and no two are alike (True);
+        else nothing is done (False). By C-level steps: one dict of them, checked and merged."""
+        new = dict(zip(keys, values, strict=True))
+        if len(new) != len(keys) or not self.young.keys().isdisjoint(new) or not self.old.keys().isdisjoint(new):
+            return False
+        left = len(new)
+        if left <= self.half - len(self.young):
+            self.young.update(new)  # (the common case: no generation turns)
+            return True
+        items = iter(new.items())
+        while left:
+            if len(self.young) >= self.half:
+                self.old, self.young = self.young, {}
+            room = min(left, self.half - len(self.young))
+            self.young.update(islice(items, room))
+            left -= room
         return True
-    keys, values = list(table), list(table.values())
-    order = sorted(range(len(keys)), key=weights.__getitem__, reverse=True)[: MAX_KEYS // 2]
-    kept = dict(zip([keys[i] for i in order], [values[i] for i in order], strict=True))
-    table.clear()
-    table.update(kept)
-    return True
 
 
-def _keep_oldest_half(table: dict) -> None:
-    deque(starmap(table.popitem, repeat((), len(table) - MAX_KEYS // 2)), 0)  # popitem takes the newest
+def _later_keys(fps: list[list[str]]) -> tuple[list[str], list]:
+    """The later-block keys of these fingerprints (two blocks or more each) in the order _later_blocks takes
+    them (row by row, block by block), each with its request's fingerprint."""
+    widths = set(map(len, fps))
+    if len(widths) != 1:
+        return ([block for fp in fps for block in fp[1:-1]], [fp for fp in fps for _ in range(len(fp) - 2)])
+    width = widths.pop() - 2  # keys a request has
+    if width <= 0:
+        return [], []
+    if width == 1:
+        return list(map(itemgetter(1), fps)), fps
+    return (list(chain.from_iterable(map(getitem, fps, repeat(slice(1, -1))))),
+            list(chain.from_iterable(zip(*repeat(fps, width), strict=True))))
 
 
-
-
-def _alike(rows: list, typed: bool) -> tuple[list, list, list[tuple]] | None:
-    """(prompt tokens, cached tokens, fingerprint columns: block i of each) of request.finished rows that
-    all have integer token counts and fingerprints of strings of one length (two blocks or more); None
-    for any other rows. typed: the rows' token counts are integers and their fingerprints lists of strings
-    or None (the parser's typed rows), so only the fingerprints' presence and lengths are looked at."""
-    columns_of = []  # (each column read only while the ones before are alike)
-    for name, kind in (("prompt_tokens", int), ("cached_tokens", int), ("prefix_fingerprint", list)):
-        values = column(rows, name, typed)
-        if typed:
-            if kind is list and None in values:
-                return None
-        elif set(map(type, values)) != {kind}:
+def _rows_alike(rows: list, typed: bool) -> tuple[list, list, list] | None:
+    """(prompt tokens, cached tokens, fingerprints) of request.finished rows whose token counts are all
+    integers and whose fingerprints are all lists of strings or absent; None for any other rows. typed:
+    the parser's typed rows, which are so (triage.parsers.finished.FinishedRow)."""
+    prompts = column(rows, "prompt_tokens", typed)
+    cached = column(rows, "cached_tokens", typed)
+    fps = column(rows, "prefix_fingerprint", typed)
+    if not typed:
+        if set(map(type, prompts)) != {int} or set(map(type, cached)) != {int}:
             return None
-        columns_of.append(values)
-    prompts, cached, fps = columns_of
-    lengths = set(map(len, fps))
-    if len(lengths) != 1 or min(lengths) < 2:
-        return None
-    columns = list(zip(*fps, strict=True))
-    if not typed and set(map(type, chain.from_iterable(columns))) != {str}:
-        return None
-    return prompts, cached, columns
+        if not set(map(type, fps)) <= {list, type(None)}:
+            return None
+        if not set(map(type, chain.from_iterable(fp for fp in fps if fp is not None))) <= {str}:
+            return None
+    return prompts, cached, fps
 
 
-def later_weight(prefixes: tuple | dict) -> int:
-    """Requests counted under a later_to_prefixes key: its value is the one head seen once (a tuple) or
-    {head: count} once a second request came."""
-    return 1 if type(prefixes) is tuple else sum(prefixes.values())
+_FIRST_TWO = itemgetter(0, 1)
 
 
 class CacheRule(Rule):
@@ -90,12 +130,11 @@ class CacheRule(Rule):
         self.num_requests = 0
         self.num_multi_block = 0
         self.num_short = 0
-        # (position, block hash, next block hash) -> {earlier blocks: count}, or the earlier blocks alone
-        # while one request has the key (most keys: a dict each would cost more than the rest together)
-        self.later_to_prefixes: dict[tuple, tuple | dict] = {}
-        self.num_shared_keys = 0  # later_to_prefixes values that are dicts
+        # a key's first block -> the fingerprint of the one request seen with the key, or (position, next
+        # block, {earlier blocks: requests}) once a second came (_later_blocks)
+        self.later_to_prefixes = Recent(MAX_KEYS)
         self.samples: dict[tuple, list[Event]] = {}
-        self.prefix_keys: Counter = Counter()  # (first block, second block) -> requests
+        self.prefix_keys = Recent(MAX_KEYS)  # (first block, second block) -> requests
         self.stats_high: list[float] = []
         self.stats_low: list[float] = []
         self.last_kv: float | None = None  # vLLM V0 logs its hit rate on a line of its own after the stats line
@@ -172,16 +211,16 @@ class CacheRule(Rule):
 
     def _finished_totals(self, ev: Event) -> None:
         """request.finished lines read in bulk: what _finished_row does for each row, in order (a row's event
-        made only when kept as a sample). Rows alike (integer token counts, fingerprints of one length) are
-        read column by column, their counts summed and their keys made in C, wherever the order cannot change
-        what the tables keep; other rows one by one."""
+        made only when kept as a sample). Rows alike (integer token counts, fingerprints of strings) are read
+        column by column: their counts summed, and their keys put in the tables in one step each where
+        all are new (most are: a key is shared by requests with a common prompt); other rows one by one."""
         make, rows = ev.fields["event"], ev.fields["rows"]
-        alike = _alike(rows, ev.fields.get("typed", False))
+        alike = _rows_alike(rows, ev.fields.get("typed", False))
         if alike is None:
             for row, f in enumerate(rows):
                 self._finished_row(f, lambda row=row: make(row))
             return
-        prompts, cached, columns = alike
+        prompts, cached, fps = alike
         self.num_requests += len(rows)
         self.num_prompt_tokens += sum(prompts)
         self.num_cached_tokens += sum(cached)
@@ -190,39 +229,19 @@ class CacheRule(Rule):
         if num_short and len(self.short_samples) < 3:
             short = (row for row, prompt in enumerate(prompts) if prompt < self.block_size)
             self.short_samples.extend(map(make, islice(short, 3 - len(self.short_samples))))
-        self.num_multi_block += len(rows)
-        keys = list(zip(columns[0], columns[1], strict=True))
-        distinct, table = set(keys), self.prefix_keys
-        if len(table) + len(distinct) - len(table.keys() & distinct) <= MAX_KEYS:
-            table.update(keys)  # (no new key finds the table full: nothing is pruned)
+        if None in fps or min(map(len, fps)) < 2:  # (rows without two blocks are in no table)
+            multi = [row for row, fp in enumerate(fps) if fp is not None and len(fp) >= 2]
+            fps = [fps[row] for row in multi]
         else:
+            multi = range(len(fps))
+        self.num_multi_block += len(fps)
+        keys = list(map(_FIRST_TWO, fps))
+        if not self.prefix_keys.add_new(keys, repeat(1, len(keys))):
             for key in keys:
                 self._count_prefix(key)
-        if len(columns) > 2 and not self._new_later_blocks(columns):
-            for row, fp in enumerate(column(rows, "prefix_fingerprint")):
+        if not self.later_to_prefixes.add_new(*_later_keys(fps)):
+            for row, fp in zip(multi, fps, strict=True):
                 self._later_blocks(fp, lambda row=row: make(row))
-
-    def _new_later_blocks(self, columns: list[tuple]) -> bool:
-        """_later_blocks of requests whose blocks by position are columns, when every key of theirs is new
-        to the table and to the others (else False, nothing done): each key gets its one head, in order,
-        and the table is pruned where a new key finds it full, as one by one."""
-        width = len(columns) - 2
-        num = len(columns[0])
-        by_position = [list(zip(repeat(j, num), columns[j], columns[j + 1], strict=True)) for j in range(1, width + 1)]
-        keys = by_position[0] if width == 1 else list(chain.from_iterable(zip(*by_position, strict=True)))
-        table = self.later_to_prefixes
-        if len(set(keys)) != len(keys) or not table.keys().isdisjoint(keys):
-            return False
-        heads = [list(zip(*columns[:j], strict=True)) for j in range(1, width + 1)]  # (tuple(fp[:j]) of each)
-        heads = heads[0] if width == 1 else list(chain.from_iterable(zip(*heads, strict=True)))
-        at = 0
-        while at < len(keys):
-            if len(table) >= MAX_KEYS:
-                self._prune_later()
-            room = MAX_KEYS - len(table)
-            table.update(zip(keys[at:at + room], heads[at:at + room], strict=True))
-            at += room
-        return True
 
     def _finished_row(self, f: dict, ev) -> None:
         prompt, cached = f.get("prompt_tokens"), f.get("cached_tokens")
@@ -246,43 +265,37 @@ class CacheRule(Rule):
         self._later_blocks(fp, ev)
 
     def _count_prefix(self, key: tuple) -> None:
-        """Counts a request by its first two blocks; a new key prunes the table when it is full."""
-        table = self.prefix_keys
-        if key not in table and len(table) >= MAX_KEYS:
-            _prune(table)
-        table[key] = table.get(key, 0) + 1
+        """Counts a request by its first two blocks."""
+        count = self.prefix_keys.get(key)
+        self.prefix_keys.put(key, 1 if count is None else count + 1)
 
     def _later_blocks(self, fp: list, ev: Event) -> None:
         # Block j shared with other requests while the blocks before it differ: something early in the
         # prompt changes per request (block hashes are per block, so a shared later block survives).
-        # Keys are two consecutive blocks: one shared block can be a coincidence (a template's tail).
+        # A key is two consecutive blocks at a position (one shared block can be a coincidence: a template's
+        # tail, or two 32-bit hashes alike), kept by its first block: the one request seen with it keeps
+        # the key's place (its fingerprint), a second makes it (position, next block, {earlier blocks:
+        # requests}). Another key with the same first block finds its place taken and is not counted.
         table = self.later_to_prefixes
         for j in range(1, len(fp) - 1):
-            key = (j, fp[j], fp[j + 1])
-            prefixes = table.get(key)
-            head = tuple(fp[:j])
-            if prefixes is None:
-                if len(table) >= MAX_KEYS:
-                    self._prune_later()
-                table[key] = head  # a new key: one prefix, nothing to sample yet
+            block = fp[j]
+            shared = table.get(block)
+            if shared is None:
+                table.put(block, fp)  # a new key: one request, nothing to sample yet
                 continue
-            if type(prefixes) is tuple:
-                prefixes = table[key] = {prefixes: 1}
-                self.num_shared_keys += 1
+            if type(shared) is list:  # the second request, if the key is the same
+                if shared[j:j + 2] != fp[j:j + 2]:
+                    continue
+                shared = (j, fp[j + 1], {tuple(shared[:j]): 1})
+                table.put(block, shared)
+            elif shared[0] != j or shared[1] != fp[j + 1]:
+                continue
+            prefixes, head = shared[2], tuple(fp[:j])
             if head not in prefixes and len(prefixes) >= 64:
                 continue
             prefixes[head] = prefixes.get(head, 0) + 1
             if len(prefixes) >= 2:
-                self._sample(key, head, ev)
-
-    def _prune_later(self) -> None:
-        table = self.later_to_prefixes
-        if not self.num_shared_keys:  # every key seen once: all alike
-            _keep_oldest_half(table)
-            return
-        weights = list(map(later_weight, table.values()))
-        _prune(table, weights)
-        self.num_shared_keys = sum(type(v) is dict for v in table.values())
+                self._sample((j, block, fp[j + 1]), head, ev)
 
     def _sample(self, key: tuple, head: tuple, ev: Event) -> None:
         sample = self.samples.get(key)

@@ -55,17 +55,18 @@ def _dynamic_count(rule) -> tuple[int, list, int]:
     """At the best block position: requests that share that block with others but not the blocks before
     it (all but the most common variant), their keys, and all requests sharing a block there."""
     by_position: dict[int, list] = {}
-    for key, prefixes in rule.later_to_prefixes.items():
-        if type(prefixes) is tuple:  # one request
+    for block, shared in rule.later_to_prefixes.items():
+        if type(shared) is list:  # one request (its fingerprint)
             continue
+        position, after, prefixes = shared
         total = sum(prefixes.values())
         if total < 2:
             continue
-        entry = by_position.setdefault(key[0], [0, [], 0])
+        entry = by_position.setdefault(position, [0, [], 0])
         entry[2] += total
         if len(prefixes) >= 2:
             entry[0] += total - max(prefixes.values())  # all but the most common variant missed
-            entry[1].append(key)
+            entry[1].append((position, block, after))
     if not by_position:
         return 0, [], 0
     return tuple(max(by_position.values(), key=lambda e: e[0]))  # type: ignore[return-value]

@@ -7,7 +7,7 @@ import pytest
 
 from triage.diagnose import Dispatcher
 from triage.model import Confidence, Event
-from triage.rules import all_rules, cache
+from triage.rules import all_rules, cache, cache_text
 from triage.rules.cache import CacheRule
 
 MAX_KEYS = 300  # the bound under test, small so the test is quick
@@ -33,7 +33,7 @@ def test_cache_tables_stay_bounded(monkeypatch):
     for i in range(3 * MAX_KEYS):
         fp = [f"{i:08x}", f"{i + 1:08x}", f"{i + 2:08x}", f"{i + 3:08x}"]
         rule.observe(event("request.finished", prompt_tokens=64, cached_tokens=0, prefix_fingerprint=fp))
-    assert len(rule.later_to_prefixes) <= MAX_KEYS and len(rule.prefix_keys) <= MAX_KEYS
+    assert len(rule.pairs) <= MAX_KEYS
 
 
 def test_repeated_prefix_survives_pruning(monkeypatch):
@@ -50,6 +50,22 @@ def test_repeated_prefix_survives_pruning(monkeypatch):
     assert [f.cause for f in findings] == ["dynamic-prefix"], [(f.cause, f.explanation) for f in findings]
     finding = findings[0]
     assert (finding.id, finding.cause, finding.confidence) == ("cache-miss", "dynamic-prefix", Confidence.HIGH)
+
+
+def test_keys_with_one_first_block_are_kept_apart():
+    """Prompts alike for one block, then not, make two keys under that block, each with its own requests;
+    a block repeated within one prompt is no prompt shared with itself."""
+    rule = CacheRule()
+    for i in range(6):
+        for second in ("aa", "bb"):
+            fp = ["s", second, f"{second}{i}x", f"{second}{i}y"]
+            rule.observe(event("request.finished", prompt_tokens=64, cached_tokens=0, prefix_fingerprint=fp))
+    assert sorted((key, sum(p.values())) for key, p in cache_text._keys(rule)) == [((0, "s", "aa"), 6),
+                                                                                   ((0, "s", "bb"), 6)]
+    assert cache_text._reuse(rule)
+    alone = CacheRule()
+    alone.observe(event("request.finished", prompt_tokens=64, cached_tokens=0, prefix_fingerprint=["r", "z", "r", "z"]))
+    assert list(cache_text._keys(alone)) == [] and not alone.samples
 
 
 def _served(n: int) -> list[Event]:
@@ -140,8 +156,7 @@ def test_a_guessed_cause_still_precedes_its_symptom():
 
 def _cache_state(rule: CacheRule) -> tuple:
     return (rule.num_requests, rule.num_prompt_tokens, rule.num_cached_tokens, rule.num_short,
-            [e.line for e in rule.short_samples], rule.num_multi_block, list(rule.prefix_keys.items()),
-            list(rule.later_to_prefixes.items()),
+            [e.line for e in rule.short_samples], rule.num_multi_block, list(rule.pairs.items()),
             {key: [e.line for e in sample] for key, sample in rule.samples.items()})
 
 
@@ -179,4 +194,4 @@ def test_cache_rule_reads_finished_rows_in_bulk_as_one_by_one(monkeypatch, kinds
         in_bulk.observe(Event(T0, "engine-json", "request.finished.totals",
                               {"rows": rows, "count": len(rows), "event": events.__getitem__}, "f.log", None, ""))
     assert _cache_state(in_bulk) == _cache_state(one_by_one)
-    assert len(one_by_one.later_to_prefixes) <= MAX_KEYS and one_by_one.num_requests > 0
+    assert len(one_by_one.pairs) <= MAX_KEYS and one_by_one.num_requests > 0

@@ -78,19 +78,20 @@ class Recent:
         return True
 
 
-def _later_keys(fps: list[list[str]]) -> tuple[list[str], list]:
-    """The later-block keys of these fingerprints (two blocks or more each) in the order _later_blocks takes
-    them (row by row, block by block), each with its request's fingerprint."""
+def _pair_keys(fps: list[list[str]]) -> tuple[list[str], list[tuple]]:
+    """The keys of these fingerprints (two blocks or more each) in the order _pairs takes them (row by row,
+    block by block: each block but the last), each with its value for one request: (position, fingerprint)."""
     widths = set(map(len, fps))
     if len(widths) != 1:
-        return ([block for fp in fps for block in fp[1:-1]], [fp for fp in fps for _ in range(len(fp) - 2)])
-    width = widths.pop() - 2  # keys a request has
-    if width <= 0:
-        return [], []
+        return ([block for fp in fps for block in fp[:-1]],
+                [(j, fp) for fp in fps for j in range(len(fp) - 1)])
+    width = widths.pop() - 1  # keys a request has
+    num = len(fps)
+    values = [zip(repeat(j, num), fps, strict=True) for j in range(width)]
     if width == 1:
-        return list(map(itemgetter(1), fps)), fps
-    return (list(chain.from_iterable(map(getitem, fps, repeat(slice(1, -1))))),
-            list(chain.from_iterable(zip(*repeat(fps, width), strict=True))))
+        return list(map(itemgetter(0), fps)), list(values[0])
+    return (list(chain.from_iterable(map(getitem, fps, repeat(slice(None, -1))))),
+            list(chain.from_iterable(zip(*values, strict=True))))
 
 
 def _rows_alike(rows: list, typed: bool) -> tuple[list, list, list] | None:
@@ -110,9 +111,6 @@ def _rows_alike(rows: list, typed: bool) -> tuple[list, list, list] | None:
     return prompts, cached, fps
 
 
-_FIRST_TWO = itemgetter(0, 1)
-
-
 class CacheRule(Rule):
     needs = needs_of(
         ("engine.startup", "request.finished", "engine.stats", "cache.config", "metric", "request.received",
@@ -130,11 +128,10 @@ class CacheRule(Rule):
         self.num_requests = 0
         self.num_multi_block = 0
         self.num_short = 0
-        # a key's first block -> the fingerprint of the one request seen with the key, or (position, next
-        # block, {earlier blocks: requests}) once a second came (_later_blocks)
-        self.later_to_prefixes = Recent(MAX_KEYS)
+        # the first of two consecutive blocks -> (position, fingerprint) of the one request seen with it, or
+        # {(position, next block): {earlier blocks: requests}} once a second came (_pairs)
+        self.pairs = Recent(MAX_KEYS)
         self.samples: dict[tuple, list[Event]] = {}
-        self.prefix_keys = Recent(MAX_KEYS)  # (first block, second block) -> requests
         self.stats_high: list[float] = []
         self.stats_low: list[float] = []
         self.last_kv: float | None = None  # vLLM V0 logs its hit rate on a line of its own after the stats line
@@ -235,13 +232,9 @@ class CacheRule(Rule):
         else:
             multi = range(len(fps))
         self.num_multi_block += len(fps)
-        keys = list(map(_FIRST_TWO, fps))
-        if not self.prefix_keys.add_new(keys, repeat(1, len(keys))):
-            for key in keys:
-                self._count_prefix(key)
-        if not self.later_to_prefixes.add_new(*_later_keys(fps)):
+        if not self.pairs.add_new(*_pair_keys(fps)):
             for row, fp in zip(multi, fps, strict=True):
-                self._later_blocks(fp, lambda row=row: make(row))
+                self._pairs(fp, lambda row=row: make(row))
 
     def _finished_row(self, f: dict, ev) -> None:
         prompt, cached = f.get("prompt_tokens"), f.get("cached_tokens")
@@ -261,36 +254,31 @@ class CacheRule(Rule):
         except TypeError:
             return  # (a list or an object where a block hash stands: not read)
         self.num_multi_block += 1
-        self._count_prefix((fp[0], fp[1]))
-        self._later_blocks(fp, ev)
+        self._pairs(fp, ev)
 
-    def _count_prefix(self, key: tuple) -> None:
-        """Counts a request by its first two blocks."""
-        count = self.prefix_keys.get(key)
-        self.prefix_keys.put(key, 1 if count is None else count + 1)
-
-    def _later_blocks(self, fp: list, ev: Event) -> None:
-        # Block j shared with other requests while the blocks before it differ: something early in the
-        # prompt changes per request (block hashes are per block, so a shared later block survives).
-        # A key is two consecutive blocks at a position (one shared block can be a coincidence: a template's
-        # tail, or two 32-bit hashes alike), kept by its first block: the one request seen with it keeps
-        # the key's place (its fingerprint), a second makes it (position, next block, {earlier blocks:
-        # requests}). Another key with the same first block finds its place taken and is not counted.
-        table = self.later_to_prefixes
-        for j in range(1, len(fp) - 1):
+    def _pairs(self, fp: list, ev: Event) -> None:
+        # Requests that share their first two blocks could share cached ones (position 0). Block j shared with
+        # other requests while the blocks before it differ: something early in the prompt changes per request
+        # (block hashes are per block, so a shared later block survives). A key is two consecutive blocks at
+        # a position (one shared block can be a coincidence: a template's tail, or two 32-bit hashes alike),
+        # kept by its first block (table: pairs).
+        table = self.pairs
+        for j in range(len(fp) - 1):
             block = fp[j]
-            shared = table.get(block)
-            if shared is None:
-                table.put(block, fp)  # a new key: one request, nothing to sample yet
+            keys = table.get(block)
+            if keys is None:
+                table.put(block, (j, fp))  # a new key: one request, nothing to sample yet
                 continue
-            if type(shared) is list:  # the second request, if the key is the same
-                if shared[j:j + 2] != fp[j:j + 2]:
-                    continue
-                shared = (j, fp[j + 1], {tuple(shared[:j]): 1})
-                table.put(block, shared)
-            elif shared[0] != j or shared[1] != fp[j + 1]:
+            if type(keys) is tuple:  # a second request: its keys by (position, next block)
+                k, first = keys
+                keys = {(k, first[k + 1]): {tuple(first[:k]): 1}}
+                table.put(block, keys)
+            key, head = (j, fp[j + 1]), tuple(fp[:j])
+            prefixes = keys.get(key)
+            if prefixes is None:
+                if len(keys) < 64:
+                    keys[key] = {head: 1}
                 continue
-            prefixes, head = shared[2], tuple(fp[:j])
             if head not in prefixes and len(prefixes) >= 64:
                 continue
             prefixes[head] = prefixes.get(head, 0) + 1

@@ -28,9 +28,19 @@ def _rate_text(rule) -> str:
     return f" Observed hit rate: {rate:.0%}." if rate is not None else ""
 
 
+def _keys(rule):
+    """(position, first block, next block) and {earlier blocks: requests} of each key of the rule's pairs
+    that two requests or more were seen with."""
+    for block, keys in rule.pairs.items():
+        if type(keys) is dict:  # (a tuple: one request)
+            for (position, after), prefixes in keys.items():
+                if sum(prefixes.values()) >= 2:
+                    yield (position, block, after), prefixes
+
+
 def _reuse(rule) -> bool:
     """A real share of requests starts with the same two blocks (not one repeated probe)."""
-    repeated = sum(count for count in rule.prefix_keys.values() if count >= 2)
+    repeated = sum(sum(prefixes.values()) for key, prefixes in _keys(rule) if key[0] == 0)
     return repeated >= max(5, 0.2 * rule.num_multi_block)
 
 
@@ -55,18 +65,16 @@ def _dynamic_count(rule) -> tuple[int, list, int]:
     """At the best block position: requests that share that block with others but not the blocks before
     it (all but the most common variant), their keys, and all requests sharing a block there."""
     by_position: dict[int, list] = {}
-    for block, shared in rule.later_to_prefixes.items():
-        if type(shared) is list:  # one request (its fingerprint)
+    for key, prefixes in _keys(rule):
+        position = key[0]
+        if position == 0:  # (the first blocks)
             continue
-        position, after, prefixes = shared
         total = sum(prefixes.values())
-        if total < 2:
-            continue
         entry = by_position.setdefault(position, [0, [], 0])
         entry[2] += total
         if len(prefixes) >= 2:
             entry[0] += total - max(prefixes.values())  # all but the most common variant missed
-            entry[1].append((position, block, after))
+            entry[1].append(key)
     if not by_position:
         return 0, [], 0
     return tuple(max(by_position.values(), key=lambda e: e[0]))  # type: ignore[return-value]

@@ -3,18 +3,20 @@ the way grep does (one scan of every keyword over the block), and the runs of ro
 bulk (triage.parsers.bulk) instead of line by line. FileParser (triage.parsers) parses what it hands over."""
 
 from itertools import compress, repeat
-from operator import getitem, not_
+from operator import add, getitem, lt, not_
 
 from triage.model import Event
 from triage.parsers import bulk, client
 from triage.parsers.runs import SCANNED, family_of, run_finder
 from triage.parsers.wanted import Wanted
+from triage.parsers.words import Words
 
 # A block where this share of lines has a keyword is followed by DENSE_BLOCKS blocks taken whole, then
 # scanned again: a scan that finds every line costs more than it saves. (Lines without a keyword make
 # no event a rule reads: test_triage_reading checks it on every file of the corpus.)
 DENSE, DENSE_BLOCKS = 0.9, 15
 _FINISHED = '"event":"request.finished"'  # (what bulk.routine_finished looks for: the line's own event)
+_FINISHED_AT = Words([], (_FINISHED,))  # where it is in a block's bytes
 _VLLM_FORMS = frozenset({"received", "vllm-stats"})  # scanned forms of vLLM's own log (Wanted.bulk_stop_vllm)
 MIN_RUN = 16  # routine lines in a row read in bulk (fewer: line by line, as cheap)
 # After RUNLESS_BLOCKS blocks in a row with no run read in bulk (this engine's JSON log: no line of a
@@ -99,34 +101,28 @@ class BlockReader:
     def _finished_block(self, first: int, block: str, raw: bytes) -> list | None:
         """The pieces of an ASCII block of this engine's JSON log whose request.finished lines are all of
         requests that did not fail and whose other lines hold no keyword (most blocks of such a log): one
-        request.finished.totals event, its lines found by splitting the block at the event's literal (no
-        split into lines). None for any other block (read as _pieces reads it)."""
-        parts = block.split(_FINISHED)  # (a failed request or the client's own line: refused once decoded)
-        if len(parts) <= MIN_RUN:
+        request.finished.totals event. Its lines are found by where the event's literal is (one Hyperscan
+        pass), decoded where they lie in the block's bytes, and the other lines, joined, are scanned for
+        keywords: nothing is split into lines. None for any other block (read as _pieces reads it)."""
+        at = _FINISHED_AT.search(raw, 0, len(raw))
+        if at is None or len(at) <= MIN_RUN:
             return None
-        if not all(map(str.__contains__, parts[1:-1], repeat("\n"))):
+        find, rfind = raw.find, raw.rfind
+        starts = list(map(add, map(rfind, repeat(b"\n"), repeat(0), at), repeat(1)))
+        ends = list(map(find, repeat(b"\n"), at))  # (a block ends in "\n": each line has its end)
+        if not all(map(lt, ends[:-1], at[1:])):
             return None  # (a line with the literal twice)
-        cuts = list(map(str.rfind, parts, repeat("\n")))  # (the line end before each literal; -1: none)
-        ends = list(map(str.find, parts, repeat("\n")))  # (the end of the line each part starts)
-        heads = list(map(getitem, parts, map(slice, map((1).__add__, cuts), repeat(None))))
-        heads.pop()
-        if not all(map(str.startswith, heads, repeat("{"))) or '"event":"' in "".join(heads):
-            return None  # (the line's first event key is another, or the line is no JSON object)
-        tails = list(map(getitem, parts[1:], map(slice, ends[1:])))
-        lines = list(map(_FINISHED.join, zip(heads, tails, strict=True)))
+        if not all(map(raw.startswith, repeat(b"{"), starts)) or set(map(find, repeat(b'"event":"'), starts, at)) != {-1}:
+            return None  # (the line is no JSON object, or its first event key is another)
         # the other lines: before the first finished line, between each two, after the last
-        rest = [parts[0][:cuts[0] + 1],
-                *map(getitem, parts[1:-1], map(slice, map((1).__add__, ends[1:-1]), map((1).__add__, cuts[1:-1]))),
-                parts[-1][ends[-1] + 1:]]
-        other = "".join(rest).encode()
+        other = b"".join(map(getitem, repeat(raw), map(slice, [0, *map((1).__add__, ends)], [*starts, len(raw)])))
         if other and not self.wanted.no_keyword(other):
             return None
+        view = memoryview(raw)
+        lines = list(map(getitem, repeat(view), map(slice, starts, ends)))
 
         def event_of(row: int) -> Event | None:
-            at = -1
-            for _ in range(row + 1):
-                at = block.find(_FINISHED, at + 1)
-            return self._row_event(first + block.count("\n", 0, at) + 1, lines[row])
+            return self._row_event(first + block.count("\n", 0, starts[row]) + 1, block[starts[row]:ends[row]])
 
         totals = bulk.finished_lines_totals(self.file, lines, event_of)
         if totals is None:

@@ -2,6 +2,8 @@
 speed (RE2 without it)."""
 
 import re
+from itertools import repeat
+from operator import add, sub
 
 import re2
 
@@ -51,8 +53,9 @@ class Words:
                 self.db.scan(memoryview(raw)[start:end], match_event_handler=_on_word, context=found)
             except self.terminated:
                 return None
-            lengths = self.lengths
-            return sorted(start + found[k + 1] - lengths[found[k]] for k in range(1, len(found), 2))
+            # (each match's start: its end less its word's length, by C-level passes)
+            starts = map(sub, found[2::2], map(self.lengths.__getitem__, found[1::2]))
+            return sorted(map(add, starts, repeat(start))) if start else sorted(starts)
         if self.re is not None and self.re.search(raw, start, end) is not None:
             return None
         out = []

@@ -78,20 +78,17 @@ class Recent:
         return True
 
 
-def _pair_keys(fps: list[list[str]]) -> tuple[list[str], list[tuple]]:
+def _pair_keys(fps: list[list[str]]) -> tuple[list[str], list[list[str]]]:
     """The keys of these fingerprints (two blocks or more each) in the order _pairs takes them (row by row,
-    block by block: each block but the last), each with its value for one request: (position, fingerprint)."""
+    block by block: each block but the last), each with its value for one request: its fingerprint."""
     widths = set(map(len, fps))
     if len(widths) != 1:
-        return ([block for fp in fps for block in fp[:-1]],
-                [(j, fp) for fp in fps for j in range(len(fp) - 1)])
+        return [block for fp in fps for block in fp[:-1]], [fp for fp in fps for _ in range(len(fp) - 1)]
     width = widths.pop() - 1  # keys a request has
-    num = len(fps)
-    values = [zip(repeat(j, num), fps, strict=True) for j in range(width)]
     if width == 1:
-        return list(map(itemgetter(0), fps)), list(values[0])
+        return list(map(itemgetter(0), fps)), fps
     return (list(chain.from_iterable(map(getitem, fps, repeat(slice(None, -1))))),
-            list(chain.from_iterable(zip(*values, strict=True))))
+            list(chain.from_iterable(zip(*repeat(fps, width), strict=True))))
 
 
 def _rows_alike(rows: list, typed: bool) -> tuple[list, list, list] | None:
@@ -128,8 +125,8 @@ class CacheRule(Rule):
         self.num_requests = 0
         self.num_multi_block = 0
         self.num_short = 0
-        # the first of two consecutive blocks -> (position, fingerprint) of the one request seen with it, or
-        # {(position, next block): {earlier blocks: requests}} once a second came (_pairs)
+        # the first of two consecutive blocks -> the fingerprint of the one request seen with it (where the
+        # block is first), or {(position, next block): {earlier blocks: requests}} once a second came (_pairs)
         self.pairs = Recent(MAX_KEYS)
         self.samples: dict[tuple, list[Event]] = {}
         self.stats_high: list[float] = []
@@ -267,11 +264,11 @@ class CacheRule(Rule):
             block = fp[j]
             keys = table.get(block)
             if keys is None:
-                table.put(block, (j, fp))  # a new key: one request, nothing to sample yet
+                table.put(block, fp)  # a new key: one request (the block's first place in it), nothing to sample
                 continue
-            if type(keys) is tuple:  # a second request: its keys by (position, next block)
-                k, first = keys
-                keys = {(k, first[k + 1]): {tuple(first[:k]): 1}}
+            if type(keys) is list:  # a second request or key: the keys by (position, next block)
+                k = keys.index(block)
+                keys = {(k, keys[k + 1]): {tuple(keys[:k]): 1}}
                 table.put(block, keys)
             key, head = (j, fp[j + 1]), tuple(fp[:j])
             prefixes = keys.get(key)

@@ -32,7 +32,7 @@ def _keys(rule):
     """(position, first block, next block) and {earlier blocks: requests} of each key of the rule's pairs
     that two requests or more were seen with."""
     for block, keys in rule.pairs.items():
-        if type(keys) is dict:  # (a tuple: one request)
+        if type(keys) is dict:  # (a list: one request)
             for (position, after), prefixes in keys.items():
                 if sum(prefixes.values()) >= 2:
                     yield (position, block, after), prefixes

@@ -162,9 +162,12 @@ def _cache_state(rule: CacheRule) -> tuple:
 
 def _finished_rows(rng, n: int, kind: str) -> list[dict]:
     rows = []
+    width = rng.choice((2, 3))
     for _ in range(n):
         if kind == "unique":  # every key new: the table fills and is pruned
             fp = [f"{rng.getrandbits(32):08x}" for _ in range(4)]
+        elif kind == "narrow":  # every key new, one width of two or three blocks a chunk
+            fp = [f"{rng.getrandbits(32):08x}" for _ in range(width)]
         elif kind == "shared":  # later blocks shared after differing first ones
             fp = [f"{rng.randrange(40):x}", "s1", "s2", f"{rng.randrange(3)}"]
         else:  # lengths, types and token counts of every kind
@@ -175,7 +178,8 @@ def _finished_rows(rng, n: int, kind: str) -> list[dict]:
     return rows
 
 
-@pytest.mark.parametrize("kinds", [("unique",), ("shared",), ("mixed",), ("unique", "shared", "mixed", "unique")])
+@pytest.mark.parametrize("kinds", [("unique",), ("narrow",), ("shared",), ("mixed",),
+                                   ("unique", "shared", "narrow", "mixed", "unique")])
 def test_cache_rule_reads_finished_rows_in_bulk_as_one_by_one(monkeypatch, kinds):
     """request.finished rows handed over in bulk leave the cache rule's tables, counts and samples exactly
     as the same rows one by one, across prunes (a small MAX_KEYS)."""

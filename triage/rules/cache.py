@@ -3,8 +3,7 @@
 import re
 from collections.abc import Callable
 from functools import cache, partial
-from itertools import chain, islice, repeat
-from operator import getitem, itemgetter
+from itertools import chain, islice
 
 from triage.model import Event, Finding
 from triage.rules import Candidate, Facts, Need, Rule, column, needs_of, request_ids_of
@@ -84,11 +83,15 @@ def _pair_keys(fps: list[list[str]]) -> tuple[list[str], list[list[str]]]:
     widths = set(map(len, fps))
     if len(widths) != 1:
         return [block for fp in fps for block in fp[:-1]], [fp for fp in fps for _ in range(len(fp) - 1)]
-    width = widths.pop() - 1  # keys a request has
-    if width == 1:
-        return list(map(itemgetter(0), fps)), fps
-    return (list(chain.from_iterable(map(getitem, fps, repeat(slice(None, -1))))),
-            list(chain.from_iterable(zip(*repeat(fps, width), strict=True))))
+    width = widths.pop()
+    keys = list(chain.from_iterable(fps))
+    del keys[width - 1::width]  # (each fingerprint's last block)
+    if width == 2:
+        return keys, fps
+    values = [None] * len(keys)  # each fingerprint width - 1 times in a row, by C-level slice assignments
+    for j in range(width - 1):
+        values[j::width - 1] = fps
+    return keys, values
 
 
 def _rows_alike(rows: list, typed: bool) -> tuple[list, list, list] | None:

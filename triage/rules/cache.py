@@ -59,15 +59,23 @@ class Recent:
 
     def add_new(self, keys: list, values) -> bool:
         """put() of each key with its value, in turn, where none is in the table and no two are alike (True);
-        else nothing is done (False). By C-level steps: one dict of them, checked and merged."""
-        new = dict(zip(keys, values, strict=True))
-        if len(new) != len(keys) or not self.young.keys().isdisjoint(new) or not self.old.keys().isdisjoint(new):
+        else nothing is done (False). By C-level steps over all of them."""
+        young = self.young
+        if not young.keys().isdisjoint(keys) or not self.old.keys().isdisjoint(keys):
             return False
-        left = len(new)
-        if left <= self.half - len(self.young):
-            self.young.update(new)  # (the common case: no generation turns)
-            return True
+        if len(keys) <= self.half - len(young):  # (the common case: no generation turns)
+            size = len(young)
+            young.update(zip(keys, values, strict=True))
+            if len(young) == size + len(keys):
+                return True
+            for key in keys:  # two alike: undone (each was new), to be put one by one
+                young.pop(key, None)
+            return False
+        new = dict(zip(keys, values, strict=True))
+        if len(new) != len(keys):
+            return False
         items = iter(new.items())
+        left = len(new)
         while left:
             if len(self.young) >= self.half:
                 self.old, self.young = self.young, {}

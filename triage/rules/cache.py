@@ -9,7 +9,7 @@ from triage.model import Event, Finding
 from triage.rules import Candidate, Facts, Need, Rule, column, needs_of, request_ids_of
 from triage.rules import cache_text as T
 
-MAX_KEYS = 20_000  # bounded memory: the fingerprint tables keep the keys seen lately (Recent)
+MAX_KEYS = 20_000  # bounded memory: the fingerprint table keeps the keys seen lately (Recent)
 MAX_SAMPLE_KEYS = 200
 MAX_PROMPT_KEYS = 2000
 LOW_HIT_RATE = 0.3
@@ -25,7 +25,7 @@ class Recent:
     key goes into the young one; when that is full it becomes the old one, and the old one's keys are
     dropped. A key found in the old generation moves to the young one, so a key seen again within a
     generation's time stays, where one seen once is gone after two (a random prompt's blocks are seen once).
-    Each step is O(1); add_new() puts many new keys in one step, as put() one by one would."""
+    get() and put() are O(1); add_new() puts many new keys in one step, as put() one by one would."""
 
     def __init__(self, limit: int):
         self.half = max(1, limit // 2)
@@ -217,8 +217,8 @@ class CacheRule(Rule):
     def _finished_totals(self, ev: Event) -> None:
         """request.finished lines read in bulk: what _finished_row does for each row, in order (a row's event
         made only when kept as a sample). Rows alike (integer token counts, fingerprints of strings) are read
-        column by column: their counts summed, and their keys put in the tables in one step each where
-        all are new (most are: a key is shared by requests with a common prompt); other rows one by one."""
+        column by column: their counts summed, and their keys put in the table in one step where all are new
+        (most are: a key is shared by requests with a common prompt); other rows one by one."""
         make, rows = ev.fields["event"], ev.fields["rows"]
         alike = _rows_alike(rows, ev.fields.get("typed", False))
         if alike is None:

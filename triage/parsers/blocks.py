@@ -112,7 +112,8 @@ class BlockReader:
         ends = list(map(find, repeat(b"\n"), at))  # (a block ends in "\n": each line has its end)
         if not all(map(lt, ends[:-1], at[1:])):
             return None  # (a line with the literal twice)
-        if not all(map(raw.startswith, repeat(b"{"), starts)) or set(map(find, repeat(b'"event":"'), starts, at)) != {-1}:
+        if bytes(map(raw.__getitem__, starts)) != b"{" * len(starts) or set(
+                map(find, repeat(b'"event":"'), starts, at)) != {-1}:
             return None  # (the line is no JSON object, or its first event key is another)
         # the other lines: before the first finished line, between each two, after the last
         other = b"".join(map(getitem, repeat(raw), map(slice, [0, *map((1).__add__, ends)], [*starts, len(raw)])))
@@ -128,7 +129,7 @@ class BlockReader:
         if totals is None:
             return None
         self._mark(first, block)
-        self.counted = (block, _newlines(raw, 0, len(raw)))
+        self.counted = (block, _newlines(other, 0, len(other)) + len(at))  # (each finished line ends in one)
         return [totals]
 
     def _finished_runs(self, items: list) -> list:

@@ -13,6 +13,7 @@ from triage.diagnose import DiagnoseOptions, Dispatcher, diagnose
 from triage.parsers import bulk, finished, words
 from triage.report import render_json
 from triage.rules import all_rules
+from triage.rules.cache import Recent
 
 T0 = datetime(2026, 11, 29, 19, 0, 0, tzinfo=UTC)
 LINES = 6000  # a few blocks of 256 KB
@@ -269,8 +270,14 @@ def _run(folder, monkeypatch, bulk_on: bool):
     f = d.facts
     facts = (f.first_ts, f.last_ts, f.last_request_ts, f.num_events, f.sources, f.num_requests, f.num_http_errors,
              f.num_error_lines)
-    states = [{k: v for k, v in vars(rule).items() if _plain(v)} for rule in dispatchers[0].rules]
+    states = [{k: v for k, v in map(_state, vars(rule).items()) if _plain(v)} for rule in dispatchers[0].rules]
     return json.loads(render_json(d.findings)), (facts, states), sum(totals)
+
+
+def _state(item: tuple) -> tuple:
+    """A rule's attribute as compared: a bounded table (cache.Recent) by its generations."""
+    key, value = item
+    return (key, vars(value)) if isinstance(value, Recent) else item
 
 
 def _plain(value) -> bool:

@@ -1,6 +1,7 @@
 """Rules on hand-made events: bounded memory, load-stop disconnects, backlog vs slow steps, ranking."""
 
 import random
+from collections import Counter
 from datetime import datetime, timedelta
 
 import pytest
@@ -9,6 +10,7 @@ from triage.diagnose import Dispatcher
 from triage.model import Confidence, Event
 from triage.rules import all_rules, cache, cache_text
 from triage.rules.cache import CacheRule
+from triage.rules.streams import StreamRule
 
 MAX_KEYS = 300  # the bound under test, small so the test is quick
 
@@ -66,6 +68,18 @@ def test_keys_with_one_first_block_are_kept_apart():
     alone = CacheRule()
     alone.observe(event("request.finished", prompt_tokens=64, cached_tokens=0, prefix_fingerprint=["r", "z", "r", "z"]))
     assert list(cache_text._keys(alone)) == [] and not alone.samples
+
+
+def test_request_times_past_the_bound_count_alike_one_by_one_and_in_bulk():
+    """At 10,000 distinct tenths of a second of request times, a time already counted still counts and a new
+    one does not, whether access lines come one by one or as a run's totals."""
+    times = [1.0 + k / 10 for k in range(10_000)] + [1.0, 5000.0]
+    one_by_one, in_bulk = StreamRule(), StreamRule()
+    for t in times:
+        one_by_one.observe(event("http.access", source="nginx-access", status=200, duration_s=t))
+    in_bulk.observe(event("http.access.totals", source="nginx-access", durations=Counter(times), routes={}))
+    assert one_by_one.timeout_durations == in_bulk.timeout_durations
+    assert one_by_one.timeout_durations[1.0] == 2 and 5000.0 not in one_by_one.timeout_durations
 
 
 def _served(n: int) -> list[Event]:

@@ -1,7 +1,7 @@
 """Cut streams told apart: engine crash, gateway timeout, client disconnect, proxy buffering."""
 
 from collections import Counter
-from itertools import compress, repeat
+from itertools import compress
 
 from triage.model import Confidence, Event, Finding
 from triage.rules import Candidate, Facts, Need, Rule, column, needs_of, request_ids_of
@@ -163,7 +163,7 @@ class StreamRule(Rule):
         self._cut(ev)
         duration = f.get("duration_s")
         if duration and duration >= 1.0:
-            self._durations([duration])
+            self._duration(duration)
 
     def _access_totals(self, ev: Event) -> None:
         """Served requests read in bulk: none was cut; their times of 1 s or more are counted."""
@@ -176,20 +176,13 @@ class StreamRule(Rule):
             if key in counts or len(counts) < 10_000:
                 counts[key] = counts.get(key, 0) + num
 
-    def _durations(self, durations: list[float]) -> None:
-        """Request times of 1 s or more, by tenth of a second (at most 10,000 distinct), in order."""
-        if not durations:
-            return
+    def _duration(self, seconds: float) -> None:
+        """A request time of 1 s or more, by tenth of a second, as _access_totals counts a run's (at most
+        10,000 distinct: a new one past that is not counted, one already there still is)."""
         counts = self.timeout_durations
-        by_value = Counter(durations)  # a time repeats: round each distinct one once, in first-seen order
-        if len(counts) + len(by_value) < 10_000:  # never full on the way: add the counts up
-            for value, num in by_value.items():
-                key = round(value, 1)
-                counts[key] = counts.get(key, 0) + num
-            return
-        for key in map(round, durations, repeat(1)):
-            if len(counts) < 10_000:
-                counts[key] = counts.get(key, 0) + 1
+        key = round(seconds, 1)
+        if key in counts or len(counts) < 10_000:
+            counts[key] = counts.get(key, 0) + 1
 
     def _cut(self, ev: Event) -> None:
         f = ev.fields

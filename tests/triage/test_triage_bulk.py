@@ -212,7 +212,7 @@ def _engine_odd(rng, i, t):
     return line if odd is None else line.replace(*odd, 1)
 
 
-# Lines the split of a block at the finished event's literal (BlockReader._finished_block) must give back
+# Lines the reading of a block by where the finished event's literal lies (BlockReader._finished_block) must give back
 # to the general reading: the literal twice in a line, another event key first, no JSON object, a failed
 # request, the client's own log; each in a block of its own among blocks read whole
 _FAST_ODD = {

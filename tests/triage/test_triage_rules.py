@@ -82,6 +82,21 @@ def test_request_times_past_the_bound_count_alike_one_by_one_and_in_bulk():
     assert one_by_one.timeout_durations[1.0] == 2 and 5000.0 not in one_by_one.timeout_durations
 
 
+def test_a_shared_prefix_is_kept_after_its_requests_stop(monkeypatch):
+    """Prompts with a changing start and shared later blocks, then many random prompts (the start fixed and
+    the traffic on): the shared blocks outlive the keys seen once, and the incident is still named."""
+    monkeypatch.setattr(cache, "MAX_KEYS", MAX_KEYS)
+    rng = random.Random(3)
+    rule = CacheRule()
+    shared = ["t1", "t2", "t3"]
+    fps = [[f"{rng.getrandbits(32):08x}", *shared] for _ in range(40)]
+    fps += [[f"{rng.getrandbits(32):08x}" for _ in range(4)] for _ in range(3 * MAX_KEYS)]
+    for fp in fps:
+        rule.observe(event("request.finished", prompt_tokens=64, cached_tokens=0, prefix_fingerprint=fp))
+    assert len(rule.pairs) <= MAX_KEYS
+    assert [f.cause for f in rule.findings(None)] == ["dynamic-prefix"]
+
+
 def _served(n: int) -> list[Event]:
     return [event("request.finished", t=i * 0.5, request_id=f"r{i}", finish_reason="stop", ttft_s=0.05)
             for i in range(n)]

@@ -3,7 +3,8 @@
 import re
 from collections.abc import Callable
 from functools import cache, partial
-from itertools import chain, islice
+from itertools import chain, compress, islice, repeat
+from operator import itemgetter
 
 from triage.model import Event, Finding
 from triage.rules import Candidate, Facts, Need, Rule, column, needs_of, request_ids_of
@@ -22,15 +23,20 @@ _DYNAMIC = re.compile(
 
 class Recent:
     """The keys seen lately, at most `limit` of them, in two generations of at most limit // 2 each: a new
-    key goes into the young one; when that is full it becomes the old one, and the old one's keys are
-    dropped. A key found in the old generation moves to the young one, so a key seen again within a
-    generation's time stays, where one seen once is gone after two (a random prompt's blocks are seen once).
-    get() and put() are O(1); add_new() puts many new keys in one step, as put() one by one would."""
+    key goes into the young one; when that is full it becomes the old one, and the old one is dropped but
+    for its heaviest keys (a dict value weighed by `weight`; other values weigh nothing), at most a quarter
+    of a generation, which go into the young one. A key found in the old generation moves to the young one.
+    So a key seen once is gone after two generations (a random prompt's blocks are seen once), a key seen
+    again stays while it is seen, and the heaviest stay after their requests stop (an incident's evidence,
+    in a log that goes on after it). get() and put() are O(1) but at a turn; add_new() puts many new keys in
+    one step, as put() one by one would."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, weight: Callable[[dict], int] | None = None):
         self.half = max(1, limit // 2)
+        self.weight = weight
         self.young: dict = {}
         self.old: dict = {}
+        self.young_weighs = self.old_weighs = False  # whether a generation may hold a dict value
 
     def __len__(self) -> int:
         return len(self.young) + len(self.old)
@@ -52,14 +58,29 @@ class Recent:
 
     def put(self, key, value) -> None:
         """Sets a key's value: a new key goes into the young generation, which turns old if it was full."""
-        young = self.young
-        if key not in young and len(young) >= self.half:
-            self.old, self.young = young, {}
+        if key not in self.young and len(self.young) >= self.half:
+            self._turn()
         self.young[key] = value
+        if type(value) is dict:
+            self.young_weighs = True
+
+    def _turn(self) -> None:
+        """The young generation turns old; the old one is dropped but for its heaviest keys, in their order."""
+        dropped, self.old, self.young = self.old, self.young, {}
+        weighs, self.old_weighs, self.young_weighs = self.old_weighs, self.young_weighs, False
+        room = self.half // 4
+        if self.weight is None or not room or not weighs:
+            return
+        # (only dict values weigh: found by C-level passes, a generation holds few)
+        heavy = compress(dropped.items(), map(isinstance, dropped.values(), repeat(dict)))
+        weighed = [(self.weight(value), -k, key, value) for k, (key, value) in enumerate(heavy)]
+        kept = sorted(w for w in weighed if w[0] > 0)[-room:]  # (the heaviest; the earliest first of equals)
+        self.young.update((key, value) for _, _, key, value in sorted(kept, key=itemgetter(1), reverse=True))
+        self.young_weighs = bool(kept)
 
     def add_new(self, keys: list, values) -> bool:
-        """put() of each key with its value, in turn, where none is in the table and no two are alike (True);
-        else nothing is done (False). By C-level steps over all of them."""
+        """put() of each key with its value (none a dict: a new key weighs nothing), in turn, where none is in
+        the table and no two are alike (True); else nothing is done (False). By C-level steps over all."""
         young = self.young
         if not young.keys().isdisjoint(keys) or not self.old.keys().isdisjoint(keys):
             return False
@@ -78,11 +99,18 @@ class Recent:
         left = len(new)
         while left:
             if len(self.young) >= self.half:
-                self.old, self.young = self.young, {}
+                self._turn()
             room = min(left, self.half - len(self.young))
             self.young.update(islice(items, room))
             left -= room
         return True
+
+
+def _pair_weight(keys: dict) -> int:
+    """The most requests any one pair of a first block's entry was seen with (0 for one each): what the
+    table keeps after the requests stop."""
+    most = max(map(sum, map(dict.values, keys.values())))
+    return most if most >= 2 else 0
 
 
 def _pair_keys(fps: list[list[str]]) -> tuple[list[str], list[list[str]]]:
@@ -138,7 +166,7 @@ class CacheRule(Rule):
         self.num_short = 0
         # the first of two consecutive blocks -> the fingerprint of the one request seen with it (where the
         # block is first), or {(position, next block): {earlier blocks: requests}} once a second came (_pairs)
-        self.pairs = Recent(MAX_KEYS)
+        self.pairs = Recent(MAX_KEYS, _pair_weight)
         self.samples: dict[tuple, list[Event]] = {}
         self.stats_high: list[float] = []
         self.stats_low: list[float] = []

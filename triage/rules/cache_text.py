@@ -29,18 +29,18 @@ def _rate_text(rule) -> str:
 
 
 def _keys(rule):
-    """(position, first block, next block) and {earlier blocks: requests} of each key of the rule's pairs
-    that two requests or more were seen with."""
+    """(position, first block, next block), {earlier blocks: requests} and the requests of each key of the
+    rule's pairs that two requests or more were seen with."""
     for block, keys in rule.pairs.items():
         if type(keys) is dict:  # (a list: one request)
             for (position, after), prefixes in keys.items():
-                if sum(prefixes.values()) >= 2:
-                    yield (position, block, after), prefixes
+                if (total := sum(prefixes.values())) >= 2:
+                    yield (position, block, after), prefixes, total
 
 
 def _reuse(rule) -> bool:
     """A real share of requests starts with the same two blocks (not one repeated probe)."""
-    repeated = sum(sum(prefixes.values()) for key, prefixes in _keys(rule) if key[0] == 0)
+    repeated = sum(total for key, _, total in _keys(rule) if key[0] == 0)
     return repeated >= max(5, 0.2 * rule.num_multi_block)
 
 
@@ -65,11 +65,10 @@ def _dynamic_count(rule) -> tuple[int, list, int]:
     """At the best block position: requests that share that block with others but not the blocks before
     it (all but the most common variant), their keys, and all requests sharing a block there."""
     by_position: dict[int, list] = {}
-    for key, prefixes in _keys(rule):
+    for key, prefixes, total in _keys(rule):
         position = key[0]
         if position == 0:  # (the first blocks)
             continue
-        total = sum(prefixes.values())
         entry = by_position.setdefault(position, [0, [], 0])
         entry[2] += total
         if len(prefixes) >= 2:

@@ -163,26 +163,23 @@ class StreamRule(Rule):
         self._cut(ev)
         duration = f.get("duration_s")
         if duration and duration >= 1.0:
-            self._duration(duration)
+            self._count_time(round(duration, 1), 1)
 
     def _access_totals(self, ev: Event) -> None:
         """Served requests read in bulk: none was cut; their times of 1 s or more are counted."""
         if ev.source == "engine-json":
             return
-        counts = self.timeout_durations
         durations = ev.fields["durations"]
         keys = list(map(_TENTHS.__getitem__, durations))
         for key, num in compress(zip(keys, durations.values(), strict=True), keys):  # (those of 1 s or more)
-            if key in counts or len(counts) < 10_000:
-                counts[key] = counts.get(key, 0) + num
+            self._count_time(key, num)
 
-    def _duration(self, seconds: float) -> None:
-        """A request time of 1 s or more, by tenth of a second, as _access_totals counts a run's (at most
-        10,000 distinct: a new one past that is not counted, one already there still is)."""
+    def _count_time(self, tenths: float, num: int) -> None:
+        """Requests that took this long (1 s or more, by tenth of a second), at most 10,000 distinct times: a
+        new one past that is not counted, one already there still is."""
         counts = self.timeout_durations
-        key = round(seconds, 1)
-        if key in counts or len(counts) < 10_000:
-            counts[key] = counts.get(key, 0) + 1
+        if tenths in counts or len(counts) < 10_000:
+            counts[tenths] = counts.get(tenths, 0) + num
 
     def _cut(self, ev: Event) -> None:
         f = ev.fields

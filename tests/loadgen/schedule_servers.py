@@ -123,10 +123,8 @@ def drive(gen, write, sleep, clock=time.perf_counter) -> None:
     """Run a stream generator with blocking `write(bytes)` and `sleep(seconds)`."""
     due, data = next(gen)
     while True:
-        if due is not None:
-            delay = due - clock()
-            if delay > 0:
-                sleep(delay)
+        while due is not None and (delay := due - clock()) > 0:  # (a sleep may end a little early)
+            sleep(delay)
         handed = clock()
         write(data)
         if due is None:
@@ -204,7 +202,8 @@ async def _async_stream(body, chat, arrival, write, schedule: Schedule, stats: S
     gen = events(body, chat, schedule, arrival, stats, request_id, peer)
     due, data = next(gen)
     while True:
-        if due is not None and (delay := due - time.perf_counter()) > 0:
+        # (asyncio may wake up to its clock's resolution early: nothing goes out before it is due)
+        while due is not None and (delay := due - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
         handed = time.perf_counter()
         await write(data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from gameday.checks import AlertWatcher, TriageResult, runbook_file
 from gameday.load import read_summary as load_summary
 from gameday.scenarios import Scenario
 from gameday.stack import Stack
+
+DEFAULT_READ_TIMEOUT_S = 60.0  # nginx's default proxy_read_timeout, a scenario's unless it sets a shorter one
 
 # ingress-nginx upstreaminfo, as written by gameday.nginx
 _ACCESS = re.compile(
@@ -26,6 +29,9 @@ def check(scenario: Scenario, stack: Stack, watcher: AlertWatcher, triage: Triag
         failures += check_replica_down(stack, watcher, log, notes)
     if scenario.loadgen_agreement:
         failures += check_loadgen_agreement(stack, notes)
+    if scenario.proxy_read_timeout_s < DEFAULT_READ_TIMEOUT_S:
+        notes.append(gateway_statuses(parse_access_log(stack.logs_dir / "nginx" / "access.log"),
+                                      scenario.proxy_read_timeout_s))
     if scenario.min_client_ttft_ratio is not None:
         histogram = "vllm:time_to_first_token_seconds" if scenario.engine == "vllm" else "llm_time_to_first_token_seconds"
         failures += check_client_ttft(scenario.min_client_ttft_ratio, stack, notes, histogram)
@@ -139,9 +145,21 @@ def parse_access_log(path: Path) -> list[dict]:
         if match is None:
             continue
         ts = datetime.strptime(match["time"], "%d/%b/%Y:%H:%M:%S %z").timestamp()
-        records.append({"epoch": ts, "status": int(match["status"]), "upstream": match["upstream"],
+        records.append({"epoch": ts, "request": match["request"], "status": int(match["status"]), "upstream": match["upstream"],
                         "request_time": float(match["request_time"]), "bytes": int(match["bytes"])})
     return records
+
+
+def gateway_statuses(records: list[dict], read_timeout_s: float) -> str:
+    """What a short proxy_read_timeout did to the generation requests (POSTs): how many nginx answered with
+    each status, and the slowest that got through. Where the timeout cuts too few for the abort ratio's
+    threshold, this note says why the alert did not fire."""
+    posts = [r for r in records if r["request"].startswith("POST ")]
+    counts = ", ".join(f"{status}: {num}" for status, num in sorted(Counter(r["status"] for r in posts).items()))
+    served = [r["request_time"] for r in posts if r["status"] == 200]
+    slowest = f"; the slowest 200 took {max(served):.3f}s" if served else ""
+    return (f"at the gateway (proxy_read_timeout {read_timeout_s:g}s): {len(posts)} generation requests"
+            f"{f' ({counts})' if counts else ''}{slowest}")
 
 
 def check_replica_down(stack: Stack, watcher: AlertWatcher, log, notes: list[str]) -> list[str]:

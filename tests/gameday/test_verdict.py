@@ -4,7 +4,7 @@
 from gameday.checks import AlertSeen, AlertWatcher, TriageResult, runbook_file
 from gameday.prom import PromClient
 from gameday.scenarios import SCENARIOS, Scenario, get_scenario
-from gameday.verdict import check_alerts, check_triage, parse_access_log
+from gameday.verdict import check_alerts, check_triage, gateway_statuses, parse_access_log
 
 
 def _watcher(*alerts: tuple[str, str, float | None, str]) -> AlertWatcher:
@@ -84,9 +84,21 @@ def test_parse_access_log_reads_upstreaminfo_lines(tmp_path):
         "garbage line\n")
     first, second = parse_access_log(log)
     assert (first["status"], first["bytes"], first["request_time"], first["upstream"]) == (200, 357, 3.488, "127.0.0.1:56085")
+    assert first["request"] == "POST /v1/chat/completions HTTP/1.1"
     assert first["epoch"] == 1795981058.0
     assert (second["status"], second["upstream"]) == (502, "127.0.0.1:1, 127.0.0.1:2")
     assert parse_access_log(tmp_path / "missing.log") == []
+
+
+def test_gateway_statuses_count_the_generation_requests_and_the_slowest_served():
+    records = [{"request": "GET /v1/models HTTP/1.1", "status": 200, "request_time": 0.002},
+               {"request": "POST /v1/chat/completions HTTP/1.1", "status": 200, "request_time": 0.027},
+               {"request": "POST /v1/chat/completions HTTP/1.1", "status": 504, "request_time": 0.301},
+               {"request": "POST /v1/chat/completions HTTP/1.1", "status": 200, "request_time": 0.291},
+               {"request": "POST /v1/chat/completions HTTP/1.1", "status": 504, "request_time": 0.300}]
+    assert gateway_statuses(records, 0.3) == (
+        "at the gateway (proxy_read_timeout 0.3s): 4 generation requests (200: 2, 504: 2); the slowest 200 took 0.291s")
+    assert gateway_statuses(records[:1], 1.0) == "at the gateway (proxy_read_timeout 1s): 0 generation requests"
 
 
 def test_scenario_table_covers_the_issue():

@@ -18,7 +18,8 @@ PROMPT_KEY_CHARS = 100  # prompts whose first 100 characters agree once ids and 
 _DYNAMIC = re.compile(
     r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?Z?|\d\d:\d\d:\d\d|"
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\b[0-9a-f]{12,}\b|\b\d{6,}\b|"
-    r"(?:user|session|request|req|trace)[_ -]?id\s*[:=]\s*\S+", re.I)
+    r"(?:user|session|request|req|trace)[_ -]?id\s*[:=]\s*\S+|"
+    r"\b(?:session|user|request|trace|conversation)\s*[:=]\s*[\w-]*\d[\w.-]*", re.I)  # (a value with a digit: an id)
 
 
 class Recent:

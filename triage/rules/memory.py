@@ -10,6 +10,7 @@ WEIGHT_FRAMES = frozenset({
     "load_weights", "load_model", "_load_model", "from_pretrained", "load_state_dict", "safe_open",
     "load_checkpoint", "_load_weights", "get_model", "load_model_weights", "load_file", "_load_state_dict",
     "initialize_model", "_initialize_model", "download_and_load_weights",
+    "_create_weight", "_create_weight_func", "create_shared_weights",  # (LMDeploy TurboMind, its empty weights made)
 })
 KV_FRAMES = frozenset({
     "determine_available_memory", "profile_run", "_dummy_run", "_dummy_sampler_run", "capture_model",

@@ -10,6 +10,7 @@ import re
 import stat
 import sys
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,10 @@ SNIFF_BYTES = 8192
 # header)
 FIRST_BLOCK_BYTES = 1 << 14
 BLOCK_BYTES = 1 << 18  # read and scanned at a time: big enough for one scan to do the work, small for flat memory
+# A file this small (a paste) is read whole first, and its lines rejoined where a terminal hard-wrapped them
+PASTE_BYTES, PASTE_CHARS = 1 << 20, 4 << 20  # (the second: once decoded, for a small gzip file)
+MIN_WRAP = 60  # columns: narrower rows of equal width are no terminal's wrapping
+_ANSI_CODE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _CRLF = re.compile(r"\r\n?")
 _TEXT_BYTES = bytes(b for b in range(256) if b >= 0x20 or b in b"\t\n\r\x0b\x0c\x1b")
 
@@ -208,7 +213,83 @@ def read_blocks(path: Path, notes: Notes, lines_in=None) -> Iterator[tuple[int, 
             return
         if _starts_with_bom(handle):  # (Windows editors save UTF-8 with it: no part of the first line)
             handle.read(len(codecs.BOM_UTF8))
+        if path is not STDIN and _kind(path) == "file" and path.stat().st_size <= PASTE_BYTES:
+            yield from _read_paste(_read_utf8(handle, path, notes, _count_lines))
+            return
         yield from _read_utf8(handle, path, notes, lines_in or _count_lines)
+
+
+def _read_paste(blocks: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+    """A small file's blocks, as one block with its hard-wrapped lines rejoined (see unwrap) where it was so
+    wrapped, else as they are."""
+    read = []
+    size = 0
+    for item in blocks:
+        read.append(item)
+        size += len(item[1])
+        if size > PASTE_CHARS:  # (a small gzip file of a large log)
+            yield from read
+            yield from blocks
+            return
+    text = "".join(block for _, block in read)
+    joined = unwrap(text) if text else None
+    if joined is None:
+        yield from read
+    else:
+        yield 0, joined
+
+
+def _visible(row: str) -> str:
+    return _ANSI_CODE.sub("", row) if "\x1b" in row else row
+
+
+def _start(row: str) -> str:
+    """How a row begins, by the class of its first visible character (a digit, a capital, a small letter)
+    or the character itself."""
+    head = _visible(row)[:1]
+    return "9" if head.isdigit() else "A" if head.isupper() else "a" if head.islower() else head
+
+
+def unwrap(text: str) -> str | None:
+    """The text's lines rejoined where a terminal hard-wrapped them at a fixed width (a terminal's or
+    tmux's capture, a console's copy, journalctl in a narrow window): many rows are of one width, hardly any
+    are wider, the rows after them mostly do not begin as the rows after shorter ones do (a record's
+    start), and many of those cuts fall inside a word. Each row of that width is joined by the next unless the next begins as a record
+    does; the rows joined on are left empty, so a record keeps its first row's number. None when the text
+    is not so wrapped."""
+    rows = text.split("\n")
+    widths = [len(_visible(row)) for row in rows]
+    wide = Counter(w for w in widths if w >= MIN_WRAP)
+    if not wide:
+        return None
+    width, num = wide.most_common(1)[0]
+    nonblank = sum(map(bool, widths))
+    if num < max(3, 0.1 * nonblank) or sum(w > width for w in widths) > max(2, 0.05 * nonblank):
+        return None  # (a few wider rows: the user's own words around the paste)
+    full = [w == width for w in widths]
+    nexts = list(zip(full, rows[1:], strict=False))
+    record = Counter(_start(row) for was_full, row in [(False, rows[0]), *nexts] if not was_full and row)
+    if not record:
+        return None
+    start = record.most_common(1)[0][0]
+    after = [_start(row) for was_full, row in nexts if was_full and row]
+    if not after or after.count(start) > 0.5 * len(after):
+        return None
+    # a terminal cuts where the width ends, often inside a word; fixed-width records (a table, an access
+    # log's lines of one length) end and begin with punctuation
+    cut = [rows[k][-1:].isalnum() and _visible(rows[k + 1])[:1].isalnum()
+           for k in range(len(rows) - 1) if full[k] and rows[k + 1]]
+    if sum(cut) < max(2, 0.25 * len(cut)):
+        return None
+    out = list(rows)
+    first = 0
+    for k in range(1, len(rows)):
+        if full[k - 1] and rows[k] and _start(rows[k]) != start and out[first]:
+            out[first] += rows[k]
+            out[k] = ""
+        else:
+            first = k
+    return "\n".join(out)
 
 
 def _starts_with_bom(handle) -> bool:

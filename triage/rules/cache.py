@@ -19,7 +19,8 @@ _DYNAMIC = re.compile(
     r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?Z?|\d\d:\d\d:\d\d|"
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\b[0-9a-f]{12,}\b|\b\d{6,}\b|"
     r"(?:user|session|request|req|trace)[_ -]?id\s*[:=]\s*\S+|"
-    r"\b(?:session|user|request|trace|conversation)\s*[:=]\s*[\w-]*\d[\w.-]*", re.I)  # (a value with a digit: an id)
+    r"(?:\b|(?<=\\n))(?:session|user|request|trace|conversation)\s*[:=]\s*[\w-]*\d[\w.-]*",  # (a value with a digit:
+    re.I)  # an id; "\\n" before it: a line start in a logged prompt's repr)
 
 
 class Recent:

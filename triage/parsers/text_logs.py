@@ -164,7 +164,8 @@ _PHASES = (
                         "Maximum concurrency for", "Warming up model", "Capturing CUDA graph",
                         "llama_kv_cache", "KV self size", "Memory profiling takes",
                         "llama_context: constructing llama_context", "llama_new_context_with_model: n_ctx",
-                        "KV Cache is allocated", "Capture cuda graph begin")),  # (the last two: SGLang)
+                        "KV Cache is allocated", "Capture cuda graph begin",  # (the last two: SGLang)
+                        "llama_context: n_ctx ", "Building CacheEngine")),  # (llama.cpp 2025+; LMDeploy PyTorch)
     ("phase.serving", ("Application startup complete", "Uvicorn running on", "server is listening on",
                        "llama runner started", "llama-server started in", "Server started", "Started GRPCInferenceService",
                        "Started HTTPService", "fired up and ready to roll",
@@ -173,7 +174,7 @@ _PHASES = (
     # Triton's "failed to load 'm' version 1: <error>" names the load phase in the failing line itself
     ("phase.weights_loading", ("Starting to load model", "Loading safetensors checkpoint", "Loading weights",
                                "llm_load_tensors", "load_tensors:", "Loading model weights", "failed to load '",
-                               "Load weight begin",
+                               "Load weight begin", "Building Model.",  # (SGLang; LMDeploy PyTorch)
                                # Ollama: "waiting for llama runner to start responding" (2024-2026: "llama-server")
                                "to start responding")),
 )

@@ -11,6 +11,7 @@ WEIGHT_FRAMES = frozenset({
     "load_checkpoint", "_load_weights", "get_model", "load_model_weights", "load_file", "_load_state_dict",
     "initialize_model", "_initialize_model", "download_and_load_weights",
     "_create_weight", "_create_weight_func", "create_shared_weights",  # (LMDeploy TurboMind, its empty weights made)
+    "build_model", "create_weights",  # (LMDeploy PyTorch: executor build_model, a layer's create_weights)
 })
 KV_FRAMES = frozenset({
     "determine_available_memory", "profile_run", "_dummy_run", "_dummy_sampler_run", "capture_model",

@@ -213,10 +213,21 @@ def read_blocks(path: Path, notes: Notes, lines_in=None) -> Iterator[tuple[int, 
             return
         if _starts_with_bom(handle):  # (Windows editors save UTF-8 with it: no part of the first line)
             handle.read(len(codecs.BOM_UTF8))
-        if path is not STDIN and _kind(path) == "file" and path.stat().st_size <= PASTE_BYTES:
+        if _paste_sized(path):
             yield from _read_paste(_read_utf8(handle, path, notes, _count_lines))
             return
         yield from _read_utf8(handle, path, notes, lines_in or _count_lines)
+
+
+def _paste_sized(path: Path) -> bool:
+    """A regular file of at most PASTE_BYTES (stdin and pipes are read in blocks)."""
+    if path is STDIN:
+        return False
+    try:
+        info = path.stat()
+    except OSError:
+        return False  # (the read that follows notes it)
+    return stat.S_ISREG(info.st_mode) and info.st_size <= PASTE_BYTES
 
 
 def _read_paste(blocks: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:

@@ -18,12 +18,14 @@ ACCESS_LOG_FORMAT = (
     '$upstream_addr $upstream_response_length $upstream_response_time $upstream_status $request_id'
 )
 
+DEFAULT_READ_TIMEOUT_S = 60.0  # nginx's own proxy_read_timeout
+
 
 @dataclass(slots=True)
 class GatewayConfig:
     upstreams: list[str]  # "127.0.0.1:PORT" for each engine replica
     listen_port: int
-    proxy_read_timeout_s: float = 60.0
+    proxy_read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     proxy_buffering: bool = False
     # llmserve answers streams with `X-Accel-Buffering: no`, which turns nginx's buffering off per
     # response; a gateway that ignores it behaves like plain nginx in front of vLLM (no such header).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gameday.errors import UnknownScenarioError
+from gameday.nginx import DEFAULT_READ_TIMEOUT_S
 
 
 @dataclass(slots=True)
@@ -36,7 +37,7 @@ class Scenario:
     engine: str = "llmserve"  # the engine under test: llmserve or vllm (gameday/scenarios_vllm.py)
     engine_flags: list[str] = field(default_factory=list)
     num_replicas: int = 1
-    proxy_read_timeout_s: float = 60.0
+    proxy_read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     proxy_buffering: bool = False  # on: with gzip for event streams and X-Accel-Buffering ignored
     phases: list[LoadPhase] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)

@@ -10,10 +10,9 @@ from pathlib import Path
 from gameday import agreement
 from gameday.checks import AlertWatcher, TriageResult, runbook_file
 from gameday.load import read_summary as load_summary
+from gameday.nginx import DEFAULT_READ_TIMEOUT_S
 from gameday.scenarios import Scenario
 from gameday.stack import Stack
-
-DEFAULT_READ_TIMEOUT_S = 60.0  # nginx's default proxy_read_timeout, a scenario's unless it sets a shorter one
 
 # ingress-nginx upstreaminfo, as written by gameday.nginx
 _ACCESS = re.compile(

@@ -254,22 +254,31 @@ def _visible(row: str) -> str:
     return _ANSI_CODE.sub("", row) if "\x1b" in row else row
 
 
-def _start(row: str) -> str:
+def _start(shown: str) -> str:
     """How a row begins, by the class of its first visible character (a digit, a capital, a small letter)
     or the character itself."""
-    head = _visible(row)[:1]
+    head = shown[:1]
     return "9" if head.isdigit() else "A" if head.isupper() else "a" if head.islower() else head
+
+
+def _shape(shown: str) -> str:
+    """The kinds of a row's first ten visible characters: each digit a 9, each letter an a, the rest as they are."""
+    return shown[:10].translate(_SHAPES)
+
+
+_SHAPES = str.maketrans("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "9" * 10 + "a" * 52)
 
 
 def unwrap(text: str) -> str | None:
     """The text's lines rejoined where a terminal hard-wrapped them at a fixed width (a terminal's or
     tmux's capture, a console's copy, journalctl in a narrow window): many rows are of one width, hardly any
     are wider, the rows after them mostly do not begin as the rows after shorter ones do (a record's
-    start), and many of those cuts fall inside a word. Each row of that width is joined by the next unless the next begins as a record
-    does; the rows joined on are left empty, so a record keeps its first row's number. None when the text
-    is not so wrapped."""
+    start), and many of those cuts fall inside a word. Each row of that width is joined by the next unless
+    the next begins as a record does; the rows joined on are left empty, so a record keeps its first row's
+    number. None when the text is not so wrapped."""
     rows = text.split("\n")
-    widths = [len(_visible(row)) for row in rows]
+    shown = list(map(_visible, rows))
+    widths = list(map(len, shown))
     wide = Counter(w for w in widths if w >= MIN_WRAP)
     if not wide:
         return None
@@ -278,24 +287,29 @@ def unwrap(text: str) -> str | None:
     if num < max(3, 0.1 * nonblank) or sum(w > width for w in widths) > max(2, 0.05 * nonblank):
         return None  # (a few wider rows: the user's own words around the paste)
     full = [w == width for w in widths]
-    nexts = list(zip(full, rows[1:], strict=False))
-    record = Counter(_start(row) for was_full, row in [(False, rows[0]), *nexts] if not was_full and row)
+    nexts = list(zip(full, shown[1:], strict=False))
+    record = Counter(_start(row) for was_full, row in [(False, shown[0]), *nexts] if not was_full and row)
     if not record:
         return None
     start = record.most_common(1)[0][0]
     after = [_start(row) for was_full, row in nexts if was_full and row]
     if not after or after.count(start) > 0.5 * len(after):
         return None
+    # a row of full width followed by one whose first characters are of the same kinds, one by one (a
+    # time stamp, a prefix): records of one length in a row, not a wrap
+    alike = [_shape(shown[k]) == _shape(shown[k + 1]) for k in range(len(rows) - 1) if full[k] and rows[k + 1]]
+    if sum(alike) > 0.5 * len(alike):
+        return None
     # a terminal cuts where the width ends, often inside a word; fixed-width records (a table, an access
     # log's lines of one length) end and begin with punctuation
-    cut = [rows[k][-1:].isalnum() and _visible(rows[k + 1])[:1].isalnum()
+    cut = [shown[k][-1:].isalnum() and shown[k + 1][:1].isalnum()
            for k in range(len(rows) - 1) if full[k] and rows[k + 1]]
     if sum(cut) < max(2, 0.25 * len(cut)):
         return None
     out = list(rows)
     first = 0
     for k in range(1, len(rows)):
-        if full[k - 1] and rows[k] and _start(rows[k]) != start and out[first]:
+        if full[k - 1] and rows[k] and _start(shown[k]) != start and out[first]:
             out[first] += rows[k]
             out[k] = ""
         else:

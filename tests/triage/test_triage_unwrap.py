@@ -80,6 +80,11 @@ SMI = ["+-----------------------------------------------------------------------
        "|-------------------------------+----------------------+----------------------+",
        "|   0  NVIDIA A100-SXM...  On   | 00000000:07:00.0 Off |                    0 |",
        "+-------------------------------+----------------------+----------------------+"]
+# TGI's router refusing requests (tokio's "no permits available"): lines of one width after its indented Args
+TGI = ['2026-01-27T15:02:44.019832Z  INFO text_generation_launcher: Args {', '    model_id: "Qwen/Qwen2.5-7B-Instruct",',
+       "    max_concurrent_requests: 128,", "    ...", "}"] + [
+    f'2026-01-27T15:31:1{k}.228194Z ERROR chat_completions{{total_time="0.000{k}s"}}: text_generation_router::infer: '
+    "router/src/infer/mod.rs:118: no permits available" for k in range(4)]
 HTTPX = ['INFO:httpx:HTTP Request: POST http://10.0.0.8:8000/v1/chat/completions "HTTP/1.1 200 OK"',
          "[1/8] 1.82s  prompt_tokens=58 completion_tokens=87  finish_reason=stop"] * 4
 
@@ -88,8 +93,9 @@ HTTPX = ['INFO:httpx:HTTP Request: POST http://10.0.0.8:8000/v1/chat/completions
     GIN + ['time=2025-01-15T10:22:31.001Z level=INFO source=sched.go:1 msg="x"'] * 2,  # records of one width
     SMI + ["$ python -c 'import torch'"],  # a table
     HTTPX,  # records of one width, each followed by another kind of line
+    TGI,  # records of one width in a row, each ending in a word, after lines that begin otherwise
     OLLAMA,  # not wrapped at all
-], ids=["fixed-width-records", "table", "alternating-records", "plain"])
+], ids=["fixed-width-records", "table", "alternating-records", "records-after-other-lines", "plain"])
 def test_files_that_are_not_wrapped_are_left_alone(lines):
     assert unwrap("\n".join(lines) + "\n") is None
 

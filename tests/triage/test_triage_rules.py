@@ -9,7 +9,7 @@ import pytest
 from triage.diagnose import Dispatcher
 from triage.model import Confidence, Event
 from triage.rules import all_rules, cache, cache_text
-from triage.rules.cache import CacheRule
+from triage.rules.cache import CacheRule, Recent
 from triage.rules.streams import StreamRule
 
 MAX_KEYS = 300  # the bound under test, small so the test is quick
@@ -68,6 +68,27 @@ def test_keys_with_one_first_block_are_kept_apart():
     alone = CacheRule()
     alone.observe(event("request.finished", prompt_tokens=64, cached_tokens=0, prefix_fingerprint=["r", "z", "r", "z"]))
     assert list(cache_text._keys(alone)) == [] and not alone.samples
+
+
+def test_recent_add_new_refuses_a_known_key_or_two_alike_and_changes_nothing():
+    """add_new puts keys all new and unlike in one step; where one is in either generation, or two are alike
+    (two rows with one block, or one block twice in a fingerprint), it puts nothing and leaves every value as
+    it was, so that the keys are then put one by one."""
+    table = Recent(8)
+    there = ["old"]
+    assert table.add_new(["k1", "k2"], [there, there])
+    table._turn()  # (k1, k2 now old)
+    young_fp = ["young"]
+    assert table.add_new(["y1"], [young_fp])
+    before = (dict(table.young), dict(table.old))
+    new = ["new"]
+    for keys in (["n1", "y1", "n2"], ["n1", "k2"], ["n1", "n1"], ["n1", "n2", "n1"]):
+        assert not table.add_new(keys, [new] * len(keys)), keys
+        assert (table.young, table.old) == before and table.young["y1"] is young_fp, keys
+    two = [["a"], ["b"]]
+    assert not table.add_new(["n1", "n1"], two)  # (two requests' keys alike: each its own value)
+    assert (table.young, table.old) == before
+    assert table.add_new(["n1", "n2"], [new, new]) and list(table.young) == ["y1", "n1", "n2"]
 
 
 def test_request_times_past_the_bound_count_alike_one_by_one_and_in_bulk():

@@ -1,6 +1,7 @@
 """Prefix-cache misses and their cause: dynamic prefix, disabled, eviction, routing, short prompts."""
 
 import re
+from collections import deque
 from collections.abc import Callable
 from functools import cache, partial
 from itertools import chain, compress, islice, repeat
@@ -80,19 +81,25 @@ class Recent:
         self.young.update((key, value) for _, _, key, value in sorted(kept, key=itemgetter(1), reverse=True))
         self.young_weighs = bool(kept)
 
-    def add_new(self, keys: list, values) -> bool:
+    def add_new(self, keys: list, values: list) -> bool:
         """put() of each key with its value (none a dict: a new key weighs nothing), in turn, where none is in
-        the table and no two are alike (True); else nothing is done (False). By C-level steps over all."""
+        the table and no two are alike (True); else nothing is done (False). By C-level steps over all. The
+        values are objects the table does not hold yet (each request's own fingerprint)."""
         young = self.young
-        if not young.keys().isdisjoint(keys) or not self.old.keys().isdisjoint(keys):
+        if not self.old.keys().isdisjoint(keys):
             return False
         if len(keys) <= self.half - len(young):  # (the common case: no generation turns)
+            # each put where absent, and the young generation's growth tells whether all were new and
+            # unlike: one step a key where a check then an update took two
             size = len(young)
-            young.update(zip(keys, values, strict=True))
+            deque(map(young.setdefault, keys, values), maxlen=0)
             if len(young) == size + len(keys):
                 return True
-            for key in keys:  # two alike: undone (each was new), to be put one by one
-                young.pop(key, None)
+            for key, value in zip(keys, values, strict=True):  # one there already, or two alike: what was
+                if young.get(key) is value:  # put undone (a value is a request's own fingerprint: no
+                    del young[key]  # key there before holds it)
+            return False
+        if not young.keys().isdisjoint(keys):
             return False
         new = dict(zip(keys, values, strict=True))
         if len(new) != len(keys):

@@ -40,6 +40,34 @@ def test_engine_error_also_yields_signatures():
     assert evs[1].fields["tried"] == "2.00 GiB" and evs[1].fields["free"] == "1.06 GiB"
 
 
+@pytest.mark.parametrize("lines, want", [
+    (["    State:          Running",  # (kubectl describe: the running state's start, then the last run)
+      "      Started:      Wed, 02 Jul 2025 20:41:17 +0000",
+      "    Last State:     Terminated",
+      "      Reason:       OOMKilled",
+      "      Exit Code:    137",
+      "      Started:      Wed, 02 Jul 2025 11:02:44 +0200",
+      "      Finished:     Wed, 02 Jul 2025 20:41:09 +0200"],
+     [(7, datetime(2025, 7, 2, 9, 2, 44), datetime(2025, 7, 2, 18, 41, 9), 34705.0)]),
+    (['        finishedAt: "2025-08-14T17:26:52Z"', "        reason: OOMKilled",
+      '        startedAt: "2025-08-14T14:05:10Z"'],
+     [(3, datetime(2025, 8, 14, 14, 5, 10), datetime(2025, 8, 14, 17, 26, 52), 12102.0)]),
+    (['            "StartedAt": "2024-10-21T05:00:11.123456789Z",', '            "FinishedAt": "2024-10-21T05:02:41.5Z"'],
+     [(2, datetime(2024, 10, 21, 5, 0, 11, 123456), datetime(2024, 10, 21, 5, 2, 41, 500000), 150.376544)]),
+    (['"StartedAt": "2024-10-21T05:00:11Z",', "a", "b", "c", '"FinishedAt": "2024-10-21T05:02:41Z"'], []),  # (apart)
+    (['"StartedAt": "2024-10-21T05:00:11Z",', '"FinishedAt": "0001-01-01T00:00:00Z"'], []),  # (never finished)
+    (['"StartedAt": "2024-10-21T05:00:11Z",', '"FinishedAt": "2024-10-21T05:00:10Z"'], []),  # (before it started)
+    (["INFO 07-02 11:02:44 [api_server.py:1880] Started: server process [1]", "Finished: warm-up"], []),
+])
+def test_a_containers_last_run_is_read_from_its_start_and_finish(lines, want):
+    """kubectl describe, kubectl get -o yaml and docker inspect print a container's last start and finish on
+    lines next to each other: one container.ran event each, at the second line, with the seconds between."""
+    p = FileParser("f.log")
+    got = [(ev.line, ev.fields["started"], ev.fields["finished"], ev.fields["seconds"])
+           for n, line in enumerate(lines, 1) for ev in p.parse(n, line) if ev.kind == "container.ran"]
+    assert got == want
+
+
 def test_nginx_upstreaminfo_access():
     line = ('127.0.0.1 - - [29/Nov/2026:19:40:01 +0000] "POST /v1/chat/completions HTTP/1.1" 499 0 "-" '
             '"python-requests/2.32.3" 412 59.012 [llm-engine] [] 127.0.0.1:8000 0 59.011 - 3f2a')

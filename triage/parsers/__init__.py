@@ -8,6 +8,7 @@ JSON lines are checked against the Needs' fields before they are decoded."""
 
 import json
 import re
+from datetime import datetime
 
 import orjson
 
@@ -52,6 +53,7 @@ class FileParser(BlockReader):
             wanted = _EVERYTHING[0]
         super().__init__(file, wanted)
         self.frames: list[str] = []
+        self.container_times: dict[str, tuple[int, datetime]] = {}  # a container's start or finish, unpaired
 
 
     def parse(self, lineno: int, line: str) -> list[Event]:
@@ -206,7 +208,26 @@ class FileParser(BlockReader):
         if events and events[0].kind == "request.received":
             return events  # a logged prompt is user text: "CUDA out of memory" in it is a question, not an error
         events.extend(self._signature_events(ts, msg, source, lineno, line))
+        if ("ted" in msg or "hed" in msg) and (ran := self._container_ran(lineno, msg)) is not None:
+            events.append(Event(ran["finished"], source, "container.ran", ran, self.file, lineno, line))
         return events
+
+    def _container_ran(self, lineno: int, msg: str) -> dict | None:
+        """A container's last run (started, finished, seconds) once a line gives its start or finish and one
+        of the three lines before gave the other (kubectl describe prints Started then Finished, kubectl's
+        yaml finishedAt then startedAt, docker inspect StartedAt then FinishedAt)."""
+        found = text_logs.container_time(msg)
+        if found is None:
+            return None
+        which, at = found
+        other = self.container_times.pop("finished" if which == "started" else "started", None)
+        if other is None or lineno - other[0] > 3:
+            self.container_times[which] = (lineno, at)
+            return None
+        started, finished = (at, other[1]) if which == "started" else (other[1], at)
+        if finished < started:
+            return None
+        return {"started": started, "finished": finished, "seconds": (finished - started).total_seconds()}
 
     def _client_error_events(self, ev: Event, lineno: int, line: str) -> list[Event]:
         """The catalog's events in a client failure's error text: the server's own message comes back in

@@ -1,6 +1,7 @@
 """Text logs of engines and hosts: vLLM, TGI, SGLang, Ollama, llama.cpp, Triton, syslog and kernel lines."""
 
 import re
+from datetime import UTC, datetime
 
 import re2
 
@@ -189,8 +190,39 @@ _DETAILS_HEAD = re.compile(r"Request (?P<id>\S+) details: prompt: (?P<q>['\"])")
 LOGGED_PROMPT_WORDS = ("Received request", " details: prompt: ")
 PHASE_WORDS = tuple(k for _, keys in _PHASES for k in keys)
 _ANY_PHASE = re2.compile("|".join(map(re.escape, PHASE_WORDS)))
+# A container's last run as the platforms print it: kubectl describe's "Started:" and "Finished:" under
+# "Last State: Terminated" (RFC 1123 with its zone: kubectl pkg/describe describeContainerState), kubectl
+# get -o yaml's startedAt and finishedAt, and the JSON of kubectl get -o json and docker inspect
+# ("StartedAt", "FinishedAt"). triage.parsers.FileParser pairs a start with the finish beside it.
+CONTAINER_TIME_WORDS = ("Started:", "Finished:", "startedAt", "finishedAt", "StartedAt", "FinishedAt")
+_CONTAINER_TIME = re.compile(
+    r'^\s*(?:(?P<word>Started|Finished):\s+(?P<rfc>\w{3}, \d\d \w{3} \d{4} \d\d:\d\d:\d\d [+-]\d{4})'
+    r'|"?(?P<key>[sS]tartedAt|[fF]inishedAt)"?:\s*"?(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?'
+    r'(?:Z|[+-]\d\d:?\d\d))"?,?)\s*$')
+
+
+def container_time(msg: str) -> tuple[str, datetime] | None:
+    """("started" or "finished", the time in UTC) of a line that gives a container's start or finish
+    time, else None; also None for the zero time a platform prints for a time it never had."""
+    m = _CONTAINER_TIME.match(msg)
+    if m is None:
+        return None
+    if m.group("rfc"):
+        try:
+            at = datetime.strptime(m.group("rfc"), "%a, %d %b %Y %H:%M:%S %z").astimezone(UTC).replace(tzinfo=None)
+        except ValueError:
+            return None
+        which = m.group("word")
+    else:
+        at, which = parse_iso(m.group("iso")), m.group("key")
+    if at is None or at.year < 1971:  # (Go's zero time: 0001-01-01)
+        return None
+    return ("started" if which[0] in "sS" else "finished"), at
+
+
 # triage.parsers.MAKES: the kinds engine_text_events makes, by the words it checks first
 MAKES = (
+    ("container.ran", None, CONTAINER_TIME_WORDS, ()),
     ("engine.stats", None, ("Avg prompt throughput", "#running-req", _V0_HIT_RATE), ()),
     ("request.received", None, LOGGED_PROMPT_WORDS, ()),
     ("request.aborted", None, ("borted",), ()),

@@ -25,6 +25,11 @@ _PHASE_OF_MARKER = {"phase.weights_loading": "weights", "phase.weights_loaded": 
 _ENGINE_PHASE = {"load": "weights", "startup": "kv", "step": "runtime"}
 MAX_UNPHASED = 1000  # OOMs held per file until a phase marker; more are guessed at once
 MAX_TIMELINE = 10_000  # phase changes kept for placing host OOM kills
+# A container killed for memory after running this long was serving: a start-up (weights loaded, the KV
+# cache set up, kernels compiled) takes minutes, tens of minutes for the largest models from network storage.
+SERVING_AFTER_S = 3600.0
+RAN_NEAR_LINES = 8  # a container's Started/Finished lines this near its OOMKilled line are of its run
+MAX_RUNS = 100
 _FUNC = re.compile(r"in (\w+)\n")
 _OOM_WORDS = ("out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
 
@@ -47,8 +52,13 @@ EXPLAIN = {
                        "installed (or the driver and its library disagree); errors that follow, including "
                        "out-of-memory-looking ones, are symptoms.",
 }
-HOST_NOTE = (" Here host memory ran out (the kernel's OOM killer or a container limit, exit code 137), not "
-             "the GPU: staging weights in CPU memory is the usual peak.")
+HOST_NOTE = " Here host memory ran out (the kernel's OOM killer or a container limit, exit code 137), not the GPU"
+HOST_PEAK = {"oom-weights": ": staging weights in CPU memory is the usual peak.",
+             "oom-kv-capacity": ": staging weights in CPU memory is the usual peak.",
+             "oom-runtime": ": at run time the host side grows with the requests in flight (their inputs, images, "
+                            "responses), CPU swap or offload space, and any leak over hours."}
+HOST_RUNTIME_STEP = "graph the container's memory (container_memory_working_set_bytes) over the hours before the " \
+                    "kill: a steady climb is a leak, a jump is a burst of large requests"
 HOST_STEP = "raise the container or host memory limit (kubectl describe pod: Limits, Last State OOMKilled)"
 NEXT_STEPS = {
     "oom-weights": ["llmtriage plan --model <model dir> --gpu-memory <GiB> (weights vs memory)",
@@ -75,7 +85,7 @@ class MemoryRule(Rule):
         ("oom.cuda", "oom.host", "oom.kv_capacity", "oom.weights", "driver.mismatch", "engine.error",
          "engine.startup", "engine.stats", "phase.weights_loading", "phase.weights_loaded", "phase.kv_setup",
          "phase.serving", "phase.start_failed", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished",
-         "metric", "engine.stats.totals", "request.finished.totals"))
+         "metric", "engine.stats.totals", "request.finished.totals", "container.ran"))
 
     def __init__(self):
         self.cands = {fid: Candidate(fid) for fid in (*PHASE_TO_ID.values(), "driver-mismatch")}
@@ -92,12 +102,15 @@ class MemoryRule(Rule):
         self.runtime_cuda: tuple[Event, str] | None = None
         self.gpu_full: Event | None = None
         self.error_metrics: list[Event] = []  # finish_reason="error" increases: corroborate a runtime OOM
+        self.runs: list[Event] = []  # a container's last run (kubectl describe, docker inspect): its uptime
+        self.killed_after: float | None = None  # the longest run of a container killed while serving
 
     def handlers(self):
         table = {"request.finished": self._finished, "request.finished.totals": self._finished_totals, "phase.start_failed": self._start_failed,
                  "driver.mismatch": self._driver_mismatch, "oom.kv_capacity": self._kv_capacity,
                  "engine.error": self._engine_error, "gpu.driver": self._gpu_driver,
-                 "cuda.runtime": self._cuda_runtime, "gpu.memory": self._gpu_memory, "metric": self._metric}
+                 "cuda.runtime": self._cuda_runtime, "gpu.memory": self._gpu_memory, "metric": self._metric,
+                 "container.ran": self._container_ran}
         for kind in ("oom.cuda", "oom.host", "oom.weights"):
             table[kind] = self._oom_line
         for kind in ("phase.weights_loading", "phase.weights_loaded", "phase.kv_setup", "phase.serving",
@@ -149,6 +162,10 @@ class MemoryRule(Rule):
     def _gpu_memory(self, ev: Event) -> None:
         if ev.fields["ratio"] >= 0.95:
             self.gpu_full = ev
+
+    def _container_ran(self, ev: Event) -> None:
+        if len(self.runs) < MAX_RUNS:
+            self.runs.append(ev)
 
     def _metric(self, ev: Event) -> None:
         if ev.fields["metric"] == "finished_total" and ev.fields["increase"] > 0:
@@ -230,12 +247,25 @@ class MemoryRule(Rule):
         timeline = sorted(self.timeline, key=lambda entry: entry[0])
         times = [t for t, _ in timeline]
         for ev in self.host_unphased:
+            ran = self._run_of(ev)
+            if ran is not None and ran.fields["seconds"] >= SERVING_AFTER_S:
+                self._add_guessed(ev, "runtime")
+                self.cands["oom-runtime"].add(ran, "container.uptime", False)
+                self.killed_after = max(self.killed_after or 0.0, ran.fields["seconds"])
+                continue
             at = bisect_right(times, ev.ts) if ev.ts is not None else 0
             if at == 0:
                 self._add_guessed(ev, "weights")
             else:
                 self._add_known(ev, timeline[at - 1][1])
         self.host_unphased = []
+
+    def _run_of(self, ev: Event) -> Event | None:
+        """The container run printed beside a kill's line (its Started and Finished under the OOMKilled
+        reason), or None."""
+        near = [ran for ran in self.runs if ran.file == ev.file and ev.line is not None and ran.line is not None
+                and abs(ran.line - ev.line) <= RAN_NEAR_LINES]
+        return min(near, key=lambda ran: abs(ran.line - ev.line), default=None)
 
     def findings(self, facts: Facts) -> list[Finding]:
         for file in list(self.unphased):  # no marker after them either: run time, as guessed
@@ -259,8 +289,11 @@ class MemoryRule(Rule):
                 cand.counter.append("a CUDA driver/runtime mismatch was also seen: it may be the real cause")
             explain, steps = EXPLAIN[fid], NEXT_STEPS[fid]
             if any(g.signal == "oom.host" for g in cand.evidence.groups.values()):
-                explain += HOST_NOTE
-                steps = [HOST_STEP, *steps]
+                explain += HOST_NOTE + HOST_PEAK[fid]
+                steps = [HOST_STEP, HOST_RUNTIME_STEP, *steps] if fid == "oom-runtime" else [HOST_STEP, *steps]
+            if fid == "oom-runtime" and self.killed_after is not None:
+                explain += (f" The container had run {_duration(self.killed_after)} when it was killed: long past "
+                            "its start-up, which takes minutes.")
             out.append(cand.finding(TITLES[fid], explain, steps, confidence))
         return out
 
@@ -278,3 +311,8 @@ class MemoryRule(Rule):
             c.add(self.driver_cuda[0], "nvidia-smi.cuda_version", False)
             c.add(self.runtime_cuda[0], "runtime.cuda_version", False)
             c.cause = c.cause or "driver-too-old"
+
+
+def _duration(seconds: float) -> str:
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min"

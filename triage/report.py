@@ -47,6 +47,7 @@ def _evidence_lines(item: dict) -> list[str]:
 # Format families as users know them (the event sources of the parsers).
 FORMAT_NAMES = {
     "engine-json": "llmserve JSON log", "vllm": "vLLM text log", "tgi": "TGI log", "sglang": "SGLang log",
+    "lmdeploy": "LMDeploy log",
     "ollama": "Ollama log", "triton": "Triton/glog log", "syslog": "syslog/journald", "kernel": "kernel log (dmesg)",
     "nginx-access": "nginx access log", "nginx-error": "nginx error log", "envoy": "Envoy access log",
     "alb": "AWS ALB log", "haproxy": "HAProxy log", "uvicorn": "uvicorn access log", "text": "plain text",

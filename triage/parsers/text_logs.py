@@ -12,7 +12,8 @@ _VLLM = re.compile(
     r"(?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? \[?[\w./-]+:\d+\]? ?(?P<msg>.*)$")
 _PROC = re.compile(r"^\((?P<proc>[\w.-]+)(?: rank=\d+)? pid=\d+\) (?P<msg>.*)$")  # (0.8-0.10: "VllmWorker rank=0")
 _TGI = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT[\d:.]+Z)\s+(?P<level>INFO|WARN|ERROR|DEBUG|TRACE)\s+(?P<msg>.*)$")
-_SGLANG = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:[^\]]*)\] (?P<msg>.*)$")
+_SGLANG = re.compile(r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?P<tag>[^\]]*)\] (?P<msg>.*)$")
+_LMDEPLOY_TAG = re.compile(r" DP\d+")  # LMDeploy's stats line: "[<time> DP0] " (SGLang's: " TP0", " DP0 TP0")
 _OLLAMA = re.compile(r'^time=(?P<ts>\S+) level=(?P<level>\w+) source=\S+ msg=(?P<msg>.*)$')
 _GIN = re.compile(r"^\[GIN\] (?P<ts>\d{4}/\d\d/\d\d - \d\d:\d\d:\d\d) \| (?P<msg>.*)$")
 _GLOG = re.compile(r"^(?P<stamp>[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+)\s+\d+ [\w.]+:\d+\] (?P<msg>.*)$")
@@ -112,13 +113,13 @@ def split_envelope(line: str) -> tuple:
     if head.isdigit():
         if m := _TGI.match(line):
             return parse_iso(m.group("ts")), m.group("msg"), "tgi"
-        if m := _ISO_LEAD.match(line):
-            return parse_iso(m.group("ts")), m.group("msg"), "text"
+        if m := _ISO_LEAD.match(line):  # (LMDeploy's logger: "<time>,<ms> - lmdeploy - INFO - <file>:<line> - ")
+            return parse_iso(m.group("ts")), m.group("msg"), "lmdeploy" if m.group("msg").startswith("lmdeploy - ") else "text"
         if line[4:5] == "/" and (m := _SLASH_LEAD.match(line)):
             return parse_slash(m.group("ts")), m.group("msg"), "text"
     if head == "[":
         if m := _SGLANG.match(line):
-            return parse_iso(m.group("ts")), m.group("msg"), "sglang"
+            return parse_iso(m.group("ts")), m.group("msg"), "lmdeploy" if _LMDEPLOY_TAG.fullmatch(m.group("tag")) else "sglang"
         if m := _GIN.match(line):
             return parse_slash(m.group("ts").replace(" - ", " ")), m.group("msg"), "ollama"
         if m := _DMESG.match(line):
@@ -150,6 +151,17 @@ _SGL_STATS = (
     ("kv_usage", re.compile(r"token usage: ([\d.]+)"), float),
     ("prefix_hit_tokens", re.compile(r"#cached-token: (\d+)"), int),
     ("new_tokens", re.compile(r"#new-token: (\d+)"), int),
+)
+# LMDeploy 0.12.1+ (metrics/loggers.py): "Avg thr (in/out): 9541.6 / 402.3 tokens/s, API server
+# (completed/routed/waiting): 17 / 31 / 0, Engine (running/waiting): 14 / 0, KV cache: 11.2%, " and "Prefix cache
+# hit rate: 35.0%, " only where it is not 0 (0.16: "Server (succeeded/failed/routed/waiting): ..."); before
+# 0.12.1 it wrote vLLM's words ("Avg prompt throughput: ...")
+LMDEPLOY_STATS_WORDS = "Avg thr (in/out)"
+_LMDEPLOY_STATS = (
+    ("running", re.compile(r"Engine \(running/waiting\): (\d+) / \d+"), int),
+    ("waiting", re.compile(r"Engine \(running/waiting\): \d+ / (\d+)"), int),
+    ("kv_usage", re.compile(r"KV cache: ([\d.]+)%"), lambda v: float(v) / 100),
+    ("prefix_hit_rate", re.compile(r"Prefix cache hit rate: ([\d.]+)%"), lambda v: float(v) / 100),
 )
 # vLLM V0 (0.4-0.7) logs its hit rate on a line of its own after each stats line:
 # "Prefix cache hit rate: GPU: 62.35%, CPU: 0.00%"
@@ -223,7 +235,7 @@ def container_time(msg: str) -> tuple[str, datetime] | None:
 # triage.parsers.MAKES: the kinds engine_text_events makes, by the words it checks first
 MAKES = (
     ("container.ran", None, CONTAINER_TIME_WORDS, ()),
-    ("engine.stats", None, ("Avg prompt throughput", "#running-req", _V0_HIT_RATE), ()),
+    ("engine.stats", None, ("Avg prompt throughput", "#running-req", _V0_HIT_RATE, LMDEPLOY_STATS_WORDS), ()),
     ("request.received", None, LOGGED_PROMPT_WORDS, ()),
     ("request.aborted", None, ("borted",), ()),
     *((kind, None, keys, ()) for kind, keys in _PHASES),
@@ -268,6 +280,8 @@ def engine_text_events(msg: str, phase: bool = True) -> list[tuple[str, dict]]:
         out.append(("engine.stats", vllm_stats(msg)))
     elif msg.startswith(_V0_HIT_RATE):
         out.append(("engine.stats", vllm_stats(msg)))
+    elif LMDEPLOY_STATS_WORDS in msg:
+        out.append(("engine.stats", _stats(msg, _LMDEPLOY_STATS)))
     elif "batch" in msg and "#running-req" in msg:
         fields = _stats(msg, _SGL_STATS)
         if "new_tokens" in fields and "prefix_hit_tokens" in fields:

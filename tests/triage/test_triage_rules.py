@@ -91,6 +91,28 @@ def test_recent_add_new_refuses_a_known_key_or_two_alike_and_changes_nothing():
     assert table.add_new(["n1", "n2"], [new, new]) and list(table.young) == ["y1", "n1", "n2"]
 
 
+def test_llama_server_prompts_alike_with_a_short_prefix_kept_twice_are_a_dynamic_prefix():
+    """A slot's new prompt nearly alike to its cache (lcs similarity) that keeps only a short common prefix
+    is a changed early part once it repeats; nothing kept (cache_prompt off, or a new start), a kept prefix
+    without a selection of that slot before it, or one such prompt alone (an early message edited) is not."""
+    def selected(slot: int, lcs: int = 3000, similarity: float = 0.97) -> Event:
+        return event("cache.slot_selected", source="text", slot=slot, lcs_len=lcs, similarity=similarity)
+
+    def kept(slot: int, n: int) -> Event:
+        return event("cache.slot_kept", source="text", slot=slot, kept=n)
+
+    rule = CacheRule()
+    for ev in (selected(0), kept(0, 0), selected(0), kept(0, 0), selected(1), kept(0, 20), selected(0, 3000, 0.5),
+               kept(0, 30), selected(0, 100), kept(0, 40), selected(0), kept(0, 25)):
+        rule.observe(ev)
+    assert rule.findings(None) == []
+    rule.observe(selected(0))
+    rule.observe(kept(0, 26))
+    [finding] = rule.findings(None)
+    assert (finding.cause, finding.confidence) == ("dynamic-prefix", Confidence.HIGH)
+    assert "kept only its first 25 tokens" in finding.explanation and "2 prompts did so" in finding.explanation
+
+
 def test_request_times_past_the_bound_count_alike_one_by_one_and_in_bulk():
     """At 10,000 distinct tenths of a second of request times, a time already counted still counts and a new
     one does not, whether access lines come one by one or as a run's totals."""

@@ -232,8 +232,31 @@ def container_time(msg: str) -> tuple[str, datetime] | None:
     return ("started" if which[0] in "sS" else "finished"), at
 
 
+# llama-server's slot reuse (examples/server/server.cpp, b4000-b5000): with -v, how much of a slot's cached
+# prompt the new one holds as a subsequence ("selected slot by lcs similarity, lcs_len = 3934, similarity =
+# 0.972078", lcs_len over the cached tokens), then how much of it is a common prefix, kept ("kv cache rm [17,
+# end)": the rest is computed again)
+SLOT_SELECTED_WORDS = "selected slot by lcs similarity"
+SLOT_KEPT_WORDS = "kv cache rm ["
+_SLOT_SELECTED = re.compile(r"\bid +(?P<slot>\d+) \| task -?\d+ \| selected slot by lcs similarity, "
+                            r"lcs_len = (?P<lcs>\d+), similarity = (?P<similarity>[\d.]+)")
+_SLOT_KEPT = re.compile(r"\bid +(?P<slot>\d+) \| task -?\d+ \| kv cache rm \[(?P<kept>\d+), end\)")
+
+
+def slot_events(msg: str) -> list[tuple[str, dict]]:
+    """llama-server's slot selection by similarity and the prefix it then kept, as events."""
+    if SLOT_SELECTED_WORDS in msg and (m := _SLOT_SELECTED.search(msg)):
+        return [("cache.slot_selected", {"slot": int(m.group("slot")), "lcs_len": int(m.group("lcs")),
+                                         "similarity": float(m.group("similarity"))})]
+    if SLOT_KEPT_WORDS in msg and (m := _SLOT_KEPT.search(msg)):
+        return [("cache.slot_kept", {"slot": int(m.group("slot")), "kept": int(m.group("kept"))})]
+    return []
+
+
 # triage.parsers.MAKES: the kinds engine_text_events makes, by the words it checks first
 MAKES = (
+    ("cache.slot_selected", None, (SLOT_SELECTED_WORDS,), ()),
+    ("cache.slot_kept", None, (SLOT_KEPT_WORDS,), ()),
     ("container.ran", None, CONTAINER_TIME_WORDS, ()),
     ("engine.stats", None, ("Avg prompt throughput", "#running-req", _V0_HIT_RATE, LMDEPLOY_STATS_WORDS), ()),
     ("request.received", None, LOGGED_PROMPT_WORDS, ()),
@@ -282,6 +305,8 @@ def engine_text_events(msg: str, phase: bool = True) -> list[tuple[str, dict]]:
         out.append(("engine.stats", vllm_stats(msg)))
     elif LMDEPLOY_STATS_WORDS in msg:
         out.append(("engine.stats", _stats(msg, _LMDEPLOY_STATS)))
+    elif "slot " in msg and (slot := slot_events(msg)):
+        out.extend(slot)
     elif "batch" in msg and "#running-req" in msg:
         fields = _stats(msg, _SGL_STATS)
         if "new_tokens" in fields and "prefix_hit_tokens" in fields:

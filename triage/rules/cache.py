@@ -15,6 +15,9 @@ MAX_KEYS = 20_000  # bounded memory: the fingerprint table keeps the keys seen l
 MAX_SAMPLE_KEYS = 200
 MAX_PROMPT_KEYS = 2000
 LOW_HIT_RATE = 0.3
+SLOT_ALIKE = 0.8  # llama-server: a new prompt holding this share of a slot's cached tokens, in order, ...
+SLOT_SHORT = 0.25  # ... with a common prefix of at most this share of those ...
+SLOT_LOST_TOKENS = 64  # ... and at least these many computed again
 PROMPT_KEY_CHARS = 100  # prompts whose first 100 characters agree once ids and times are masked share a prefix
 _DYNAMIC = re.compile(
     r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?Z?|\d\d:\d\d:\d\d|"
@@ -160,7 +163,7 @@ class CacheRule(Rule):
     needs = needs_of(
         ("engine.startup", "request.finished", "engine.stats", "cache.config", "metric", "request.received",
          "http.access", "http.access.totals", "engine.stats.totals", "request.received.totals",
-         "request.finished.totals"),
+         "request.finished.totals", "cache.slot_selected", "cache.slot_kept"),
         request_received=Need("request.received", fields=("prompt",)),  # logged prompts only
         http_access=Need("http.access", not_from=("engine-json",)))  # a gateway's: it names the upstream
 
@@ -191,6 +194,12 @@ class CacheRule(Rule):
         # whether a prompt's head holds an id or a time, by head: logged prompts repeat a few system
         # prompts, and one search of the id/time patterns costs tens of microseconds
         self.dynamic_heads: dict[str, bool] = {}
+        # llama-server: each slot's last selection by similarity, until the prefix it kept is logged; the
+        # selections of a prompt nearly alike to the cached one whose common prefix was short (with what was
+        # kept); how often each prefix length was kept, and the first line that kept it
+        self.slot_selected: dict[int, Event] = {}
+        self.slot_breaks: list[tuple[Event, Event]] = []
+        self.kept_lengths: dict[int, list] = {}
         self.client_upstreams: dict[str, set] = {}
         self.upstreams: set = set()
         self.routing_sample: list[Event] = []
@@ -201,7 +210,28 @@ class CacheRule(Rule):
                 "cache.config": self._config, "engine.stats": self._stats, "metric": self._metric,
                 "request.received": self._received, "http.access.totals": self._access_totals,
                 "engine.stats.totals": self._stats_totals, "request.received.totals": self._received_totals,
-                "request.finished.totals": self._finished_totals}
+                "request.finished.totals": self._finished_totals, "cache.slot_selected": self._slot_selected,
+                "cache.slot_kept": self._slot_kept}
+
+    def _slot_selected(self, ev: Event) -> None:
+        if len(self.slot_selected) < MAX_SAMPLE_KEYS or ev.fields["slot"] in self.slot_selected:
+            self.slot_selected[ev.fields["slot"]] = ev
+
+    def _slot_kept(self, ev: Event) -> None:
+        """The prefix a slot kept of its cache for a new prompt: short beside a prompt nearly alike to the
+        cached one (most of its tokens in order), something early in the prompt changed."""
+        kept = ev.fields["kept"]
+        seen = self.kept_lengths.get(kept)
+        if seen is not None:
+            seen[0] += 1
+        elif len(self.kept_lengths) < MAX_PROMPT_KEYS:
+            self.kept_lengths[kept] = [1, ev]
+        selected = self.slot_selected.pop(ev.fields["slot"], None)
+        if selected is None or kept < 1 or len(self.slot_breaks) >= 50:  # (0 kept: cache_prompt off, or another start)
+            return
+        lcs = selected.fields["lcs_len"]
+        if selected.fields["similarity"] >= SLOT_ALIKE and kept <= SLOT_SHORT * lcs and lcs - kept >= SLOT_LOST_TOKENS:
+            self.slot_breaks.append((selected, ev))
 
     def _access_totals(self, ev: Event) -> None:
         """Each (client, upstream) pair once, first seen first: what _routing does for every line."""

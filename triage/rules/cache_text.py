@@ -103,6 +103,7 @@ def finding_dynamic_prefix(rule, cand) -> Finding | None:
         if len(variants) >= 2:
             for ev in variants.values():
                 cand.add(ev, "prompt.dynamic_start", True, rule.ids(ev))
+    detail += _slot_breaks(rule, cand)
     if not cand.num_decisive:
         return None
     return cand.finding(
@@ -111,6 +112,29 @@ def finding_dynamic_prefix(rule, cand) -> Finding | None:
         "or user id near the start). Prefix caching matches from the first token, so one changed token "
         "early in the prompt makes every block after it miss." + detail + _rate_text(rule),
         STEPS["dynamic-prefix"], weight=float(count))
+
+
+def _slot_breaks(rule, cand) -> str:
+    """llama-server's slots: prompts nearly alike to the cached one whose common prefix stopped short, twice,
+    or once where that same prefix length was kept for another prompt too (a fixed head, then a part that
+    changes). One alone may be a user who edited an early message."""
+    breaks = rule.slot_breaks
+    if not breaks:
+        return ""
+    kept = breaks[0][1].fields["kept"]
+    again = rule.kept_lengths.get(kept, [0, None])
+    if len(breaks) < 2 and again[0] < 2:
+        return ""
+    for selected, kept_ev in breaks[:3]:
+        cand.add(selected, "llama-server.prompt_alike_to_cached", True)
+        cand.add(kept_ev, "llama-server.short_prefix_kept", True)
+    if len(breaks) < 2 and again[1] is not breaks[0][1]:
+        cand.add(again[1], "llama-server.same_prefix_kept", False)
+    selected = breaks[0][0].fields
+    return (f" llama-server found a new prompt {selected['similarity']:.0%} alike to its slot's cached one "
+            f"({selected['lcs_len']} tokens in common, in order), yet kept only its first {kept} tokens as a common "
+            f"prefix and computed the rest again" + (f"; {len(breaks)} prompts did so." if len(breaks) >= 2 else
+                                                     f"; {again[0]} prompts kept just those {kept} tokens."))
 
 
 FELL_FROM, FELL_TO = 0.3, 0.6  # a hit rate that was at least FELL_FROM fell to FELL_TO of it or less

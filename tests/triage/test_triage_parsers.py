@@ -68,6 +68,16 @@ def test_a_containers_last_run_is_read_from_its_start_and_finish(lines, want):
     assert got == want
 
 
+def test_sglang_logged_request_is_a_prompt():
+    line = ("[2025-03-03 16:41:05] Receive: obj=GenerateReqInput(text='<|im_start|>system\\n[trace_id=77ad02f9 "
+            "ts=1741016465.971]\\nYou are an extraction engine. CUDA out of memory is a phrase here.', input_ids=None, "
+            "input_embeds=None, image_data=None, sampling_params={'max_new_tokens': 512}, rid='97552ea9c9c2', "
+            "return_logprob=False)")
+    [ev] = parse(line)
+    assert (ev.kind, ev.source, ev.fields["request_id"]) == ("request.received", "sglang", "97552ea9c9c2")
+    assert ev.fields["prompt"].startswith("<|im_start|>system\\n[trace_id=") and ev.fields["prompt"].endswith("here.")
+
+
 def test_nginx_upstreaminfo_access():
     line = ('127.0.0.1 - - [29/Nov/2026:19:40:01 +0000] "POST /v1/chat/completions HTTP/1.1" 499 0 "-" '
             '"python-requests/2.32.3" 412 59.012 [llm-engine] [] 127.0.0.1:8000 0 59.011 - 3f2a')

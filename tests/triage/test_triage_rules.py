@@ -113,6 +113,35 @@ def test_llama_server_prompts_alike_with_a_short_prefix_kept_twice_are_a_dynamic
     assert "kept only its first 25 tokens" in finding.explanation and "2 prompts did so" in finding.explanation
 
 
+@pytest.mark.parametrize("queues, step_s, backlog", [
+    ([0, 9, 14, 12, 8, 5, 2, 0], 2.0, False),  # a burst absorbed within seconds
+    ([0, 9, 14, 12, 8, 5, 6], 2.0, True),  # still queued at the last line
+    ([0, 9, 14, 12, 8, 5, 2, 0], 15.0, True),  # queued for over a minute before it drained
+    ([0, 9, 40, 12, 0], 2.0, True),  # a deep queue
+])
+def test_a_queue_that_drains_within_a_minute_is_a_burst_not_a_backlog(queues, step_s, backlog):
+    events = [event("engine.stats", t=i * step_s, source="sglang", waiting=q, running=64, kv_usage=0.5)
+              for i, q in enumerate(queues)]
+    found = [(f.id, f.confidence) for f in run(events)]
+    assert found == ([("queue-backlog", Confidence.MEDIUM)] if backlog else [])
+
+
+@pytest.mark.parametrize("head", [
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\\n\\nCurrent time: {ts}Z | session={sid}\\n",
+    "<bos><start_of_turn>user\\nrequest_uuid: {uuid}\\nsent_at: {ts}\\n\\n",
+    "<|im_start|>system\\n[trace_id={sid} ts=17410164{n}.{ms} tenant=acme]\\n",
+])
+def test_a_changing_start_behind_a_chat_template_is_a_dynamic_prefix(head):
+    """A logged prompt's chat-template markup (special tokens, role names, line ends) is the same for every
+    request: the id or time right after it, not the first 64 characters of markup, is the prompt's start."""
+    rule = CacheRule()
+    for n in range(4):
+        prompt = head.format(ts=f"2024-11-19T10:02:0{n}.48{n}", sid=f"6972{n}2e42bf2", n=f"{n:02d}", ms=f"9{n}1",
+                             uuid=f"95794242-9bda-4e4f-b839-599d6eca2b7{n}") + "You are Atlas, the support assistant."
+        rule.observe(event("request.received", source="vllm", request_id=f"r{n}", prompt=prompt))
+    assert [f.cause for f in rule.findings(None)] == ["dynamic-prefix"]
+
+
 def test_request_times_past_the_bound_count_alike_one_by_one_and_in_bulk():
     """At 10,000 distinct tenths of a second of request times, a time already counted still counts and a new
     one does not, whether access lines come one by one or as a run's totals."""

@@ -199,7 +199,12 @@ _RECEIVED_HEAD = re.compile(r"Received request (?P<id>[^\s:]+):? prompt: (?P<q>[
 _DETAILS_HEAD = re.compile(r"Request (?P<id>\S+) details: prompt: (?P<q>['\"])")
 # The words of a logged prompt's line, one of which each holds (vLLM's "Received request <id>: prompt: '...'",
 # TGI's and later vLLM's "Request <id> details: prompt: '...'"): what follows them is user text
-LOGGED_PROMPT_WORDS = ("Received request", " details: prompt: ")
+# SGLang's --log-requests (managers/tokenizer_manager.py 0.4, utils/request_logger.py 0.5): "Receive:
+# obj=GenerateReqInput(text='<prompt>', input_ids=None, ...rid='<id>'...)", its text first (a long one cut to
+# "'<head>' ... '<tail>'")
+_SGLANG_RECEIVE_HEAD = re.compile(r"Receive: obj=GenerateReqInput\((?P<id>)text=(?P<q>['\"])")
+_SGLANG_RID = re.compile(r", rid='(?P<id>[^'\s]+)'")
+LOGGED_PROMPT_WORDS = ("Received request", " details: prompt: ", "Receive: obj=GenerateReqInput(")
 PHASE_WORDS = tuple(k for _, keys in _PHASES for k in keys)
 _ANY_PHASE = re2.compile("|".join(map(re.escape, PHASE_WORDS)))
 # A container's last run as the platforms print it: kubectl describe's "Started:" and "Finished:" under
@@ -297,6 +302,10 @@ def engine_text_events(msg: str, phase: bool = True) -> list[tuple[str, dict]]:
     if "Received request" in msg and (received := _received(msg)):
         return [("request.received", received)]
     if " details: prompt: " in msg and (received := _received(msg, _DETAILS_HEAD, ", prompt_token_ids")):
+        return [("request.received", received)]
+    if "Receive: obj=GenerateReqInput(" in msg and (received := _received(msg, _SGLANG_RECEIVE_HEAD, ", input_ids=")):
+        rid = _SGLANG_RID.search(msg, msg.find(", input_ids="))
+        received["request_id"] = rid.group("id") if rid else None
         return [("request.received", received)]
     out: list[tuple[str, dict]] = []
     if "Avg prompt throughput" in msg:

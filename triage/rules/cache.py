@@ -21,10 +21,19 @@ SLOT_LOST_TOKENS = 64  # ... and at least these many computed again
 PROMPT_KEY_CHARS = 100  # prompts whose first 100 characters agree once ids and times are masked share a prefix
 _DYNAMIC = re.compile(
     r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?Z?|\d\d:\d\d:\d\d|"
-    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\b[0-9a-f]{12,}\b|\b\d{6,}\b|"
-    r"(?:user|session|request|req|trace)[_ -]?id\s*[:=]\s*\S+|"
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\b[0-9a-f]{12,}\b|\b\d{6,}(?:\.\d+)?\b|"
+    r"(?:user|session|request|req|trace|conversation|correlation|message)[_ -]?u?id\s*[:=]\s*\S+|"
     r"(?:\b|(?<=\\n))(?:session|user|request|trace|conversation)\s*[:=]\s*[\w-]*\d[\w.-]*",  # (a value with a digit:
     re.I)  # an id; "\\n" before it: a line start in a logged prompt's repr)
+
+
+# A chat template's markup at a rendered prompt's start (its special tokens, role names and line ends, "\\n" in
+# a logged repr): Llama 3's "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n", ChatML's
+# "<|im_start|>system\n", Gemma's "<bos><start_of_turn>user\n", Mistral's "<s>[INST] ", DeepSeek's
+# "<｜begin▁of▁sentence｜>". It is the same for every request: the part that may change comes after it.
+_TEMPLATE_HEAD = re.compile(
+    r"(?:<\|[^|>\s]{1,32}\|>|<｜[^｜\s]{1,32}｜>|</?s>|<bos>|</?start_of_turn>|<end_of_turn>|\[/?INST\]|<</?SYS>>|\\n|"
+    r"\s|(?:system|user|assistant|developer|model)(?=\\n|<|\s))+")
 
 
 class Recent:
@@ -447,6 +456,8 @@ class CacheRule(Rule):
             self.metric_prompt += f["increase"]
 
     def _prompt_text(self, ev: Event, prompt: str) -> None:
+        if (markup := _TEMPLATE_HEAD.match(prompt)) is not None:
+            prompt = prompt[markup.end():]
         head = prompt[:64]
         dynamic = self.dynamic_heads.get(head)
         if dynamic is None:

@@ -6,6 +6,7 @@ from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of,
 SLOW_QUEUE_S = 1.0  # a request that waited this long before its first schedule was queued, not served
 KV_FULL = 0.9
 DEEP_QUEUE = 32
+BURST_S = 60.0  # a queue seen for less than this that then drains to under 4 was a burst, not a backlog
 MINOR_PREEMPTION_SHARE = 0.05  # below this share of requests, preemption is a side note in a big run
 # A few 429s among many served requests are a client's retry or a per-user rate limit, not a backlog.
 MINOR_REFUSALS = 3
@@ -53,6 +54,8 @@ class LoadRule(Rule):
         self.num_slow_queue = 0
         self.max_waiting = 0.0
         self.num_waiting_obs = 0  # stats lines or series showing a queue of 4 or more
+        self.waiting_since = self.waiting_until = None  # the first and last time a queue of 4 or more was seen
+        self.last_waiting: float | None = None  # the queue of the last stats line
         self.num_access = 0  # gateway/engine access lines seen
         self.num_429 = 0
 
@@ -83,11 +86,12 @@ class LoadRule(Rule):
             return
         most = max(waiting)
         self.max_waiting = max(self.max_waiting, most)
+        self.last_waiting = waiting[-1]
         if most >= 4:
             deep = [i for i, v in enumerate(waiting) if v >= 4]
             self.num_waiting_obs += len(deep)
             for row in totals_rows(ev, deep):
-                self.queue.add(row, "stats.waiting", False)
+                self._queue_seen(row)
 
     def _access(self, ev: Event) -> None:
         self.num_access += 1
@@ -135,9 +139,27 @@ class LoadRule(Rule):
             self.preempt.add(ev, "stats.kv_usage_high", False)
         waiting = f.get("waiting") or 0
         self.max_waiting = max(self.max_waiting, waiting)
+        if "waiting" in f:
+            self.last_waiting = waiting
         if waiting >= 4:
             self.num_waiting_obs += 1
-            self.queue.add(ev, "stats.waiting", False)
+            self._queue_seen(ev)
+
+    def _queue_seen(self, ev: Event) -> None:
+        """A stats line with a queue of 4 or more."""
+        self.queue.add(ev, "stats.waiting", False)
+        if ev.ts is not None:
+            self.waiting_since = ev.ts if self.waiting_since is None else min(self.waiting_since, ev.ts)
+            self.waiting_until = ev.ts if self.waiting_until is None else max(self.waiting_until, ev.ts)
+
+    def _drained_burst(self) -> bool:
+        """Queues seen for less than BURST_S, none deep, and the last stats line's queue under 4: a burst the
+        engine absorbed (a batch job's requests arriving at once), not arrivals beyond its capacity."""
+        if self.last_waiting is None or self.last_waiting >= 4 or self.max_waiting >= DEEP_QUEUE:
+            return False
+        if self.waiting_since is None or self.waiting_until is None:
+            return False
+        return (self.waiting_until - self.waiting_since).total_seconds() < BURST_S
 
     def _metric(self, ev: Event) -> None:
         f = ev.fields
@@ -180,7 +202,7 @@ class LoadRule(Rule):
         q = self.queue
         slow_enough = self.num_slow_queue >= max(3, 0.1 * n)
         # One snapshot of a short queue is ordinary; a queue seen twice, or a deep one, is a backlog.
-        sustained = self.num_waiting_obs >= 2 or self.max_waiting >= DEEP_QUEUE
+        sustained = (self.num_waiting_obs >= 2 and not self._drained_burst()) or self.max_waiting >= DEEP_QUEUE
         minor_429s = (self.num_429 and self.num_429 == q.num_decisive and self.num_429 < MINOR_REFUSALS
                       and self.num_429 < MINOR_REFUSAL_SHARE * self.num_access)
         if minor_429s and not sustained and not slow_enough:

@@ -142,6 +142,19 @@ def test_a_changing_start_behind_a_chat_template_is_a_dynamic_prefix(head):
     assert [f.cause for f in rule.findings(None)] == ["dynamic-prefix"]
 
 
+@pytest.mark.parametrize("increase, lines, confidence", [
+    (2, 0, Confidence.LOW),  # a counter that rose by two, no line: a brush with a full cache
+    (40, 0, Confidence.HIGH),
+    (2, 1, Confidence.HIGH),  # a preemption line states it
+])
+def test_a_few_preemptions_counted_by_a_metric_alone_are_a_hint(increase, lines, confidence):
+    events = [event("metric", source="prometheus", metric="preemptions_total", increase=float(increase),
+                    labels={}, max=float(increase))]
+    events += [event("request.preempted", t=1.0 + k, request_id=f"p{k}") for k in range(lines)]
+    [finding] = [f for f in run(events) if f.id == "kv-preemption"]
+    assert finding.confidence == confidence
+
+
 def test_request_times_past_the_bound_count_alike_one_by_one_and_in_bulk():
     """At 10,000 distinct tenths of a second of request times, a time already counted still counts and a new
     one does not, whether access lines come one by one or as a run's totals."""

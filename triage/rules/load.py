@@ -7,6 +7,7 @@ SLOW_QUEUE_S = 1.0  # a request that waited this long before its first schedule 
 KV_FULL = 0.9
 DEEP_QUEUE = 32
 BURST_S = 60.0  # a queue seen for less than this that then drains to under 4 was a burst, not a backlog
+FEW_PREEMPTIONS = 3  # a metric counter that rose by this much or less, with no preemption line: a hint
 MINOR_PREEMPTION_SHARE = 0.05  # below this share of requests, preemption is a side note in a big run
 # A few 429s among many served requests are a client's retry or a per-user rate limit, not a backlog.
 MINOR_REFUSALS = 3
@@ -51,6 +52,7 @@ class LoadRule(Rule):
         self.queue = Candidate("queue-backlog")
         self.context = Candidate("context-overflow")
         self.num_preemptions = 0
+        self.num_metric_preemptions = 0  # preemption counters that rose (decisive evidence from metrics alone)
         self.num_slow_queue = 0
         self.max_waiting = 0.0
         self.num_waiting_obs = 0  # stats lines or series showing a queue of 4 or more
@@ -168,6 +170,7 @@ class LoadRule(Rule):
             if not self.num_preemptions:
                 self.num_preemptions = int(f["increase"])
             self.preempt.add(ev, "metric.preemptions", True)
+            self.num_metric_preemptions += 1
         elif name == "retracted" and f["max"] > 0:
             self.preempt.add(ev, "metric.retracted", True)
         elif name == "kv_usage" and f["max"] >= KV_FULL and self.preempt:
@@ -184,12 +187,17 @@ class LoadRule(Rule):
         n = facts.num_requests
         if self.preempt.num_decisive:
             minor = n >= 20 and self.num_preemptions < MINOR_PREEMPTION_SHARE * n
+            few = self.preempt.num_decisive == self.num_metric_preemptions and self.num_preemptions <= FEW_PREEMPTIONS
             if minor:
                 self.preempt.counter.append(
                     f"only {self.num_preemptions} preemptions for {n} requests: a side effect, not the main load")
+            elif few:
+                self.preempt.counter.append(
+                    f"the preemption counter rose by only {self.num_preemptions} and no line reports one: "
+                    "a brush with a full KV cache, not an incident of its own")
             out.append(self.preempt.finding(
                 "KV cache exhausted: requests preempted and recomputed", EXPLAIN_PREEMPT, STEPS_PREEMPT,
-                Confidence.MEDIUM if minor else None, weight=float(self.num_preemptions)))
+                Confidence.MEDIUM if minor else Confidence.LOW if few else None, weight=float(self.num_preemptions)))
         if self.queue:
             out.extend(self._queue_finding(n))
         if self.context:

@@ -155,6 +155,24 @@ def test_a_few_preemptions_counted_by_a_metric_alone_are_a_hint(increase, lines,
     assert finding.confidence == confidence
 
 
+@pytest.mark.parametrize("served, cut, confidence", [
+    (10, 1, Confidence.LOW),  # one user who left among ten served
+    (20, 2, Confidence.LOW),
+    (5, 1, Confidence.HIGH),  # an excerpt around the cut
+    (30, 3, Confidence.HIGH),
+])
+def test_one_or_two_disconnects_among_many_served_requests_are_a_hint(served, cut, confidence):
+    def access(i: int, status: int) -> Event:
+        fields = {"status": status, "duration_s": 2.0 + i % 3, "request_id": None, "upstream_addr": "10.0.0.5:8000",
+                  "client": f"10.1.0.{i}", "cut": "client" if status == 499 else None}
+        return Event(T0 + timedelta(seconds=i * 3.0), "nginx-access", "http.access", fields, "access.log", i + 1,
+                     f'10.1.0.{i} "POST /v1/chat/completions HTTP/1.1" {status}')
+    events = [access(i, 499 if i % (served // cut) == 1 and i < cut * (served // cut) else 200)
+              for i in range(served + cut)]  # (the cuts spread over the run)
+    [finding] = [f for f in run(events) if f.id == "stream-cut-client-disconnect"]
+    assert finding.confidence == confidence
+
+
 def test_request_times_past_the_bound_count_alike_one_by_one_and_in_bulk():
     """At 10,000 distinct tenths of a second of request times, a time already counted still counts and a new
     one does not, whether access lines come one by one or as a run's totals."""

@@ -4,7 +4,9 @@ from triage.model import Confidence, Finding
 
 BUFFER_MIN_GAP_S = 0.25  # client TTFT this much above the engine's, and
 BUFFER_MIN_RATIO = 3.0
-RARE_DISCONNECT_SHARE = 0.01  # this many times it, means something between them held the tokens back
+RARE_DISCONNECT_SHARE = 0.01
+FEW_DISCONNECTS = 2  # this many disconnects or fewer, among at least FEW_AMONG times as many requests served: a
+FEW_AMONG = 8  # user who left (a hint), not an incident  # this many times it, means something between them held the tokens back
 
 STEPS_CRASH = [
     "read the engine log just before the first connection refused: the fatal error and its traceback",
@@ -132,11 +134,26 @@ def client_finding(rule, facts) -> Finding | None:
     if rule.timeout.num_decisive:
         c.counter.append("gateway timeouts were also seen: some of these aborts may be the gateway's")
     spread = f" Durations ranged {min(durations):.1f}-{max(durations):.1f} s." if len(durations) >= 2 else ""
+    confidence = None
+    n = facts.num_requests
+    cuts = _most_in_one_file(c)  # (the gateway's 499 and the engine's abort of one request: one disconnect)
+    if 0 < cuts <= FEW_DISCONNECTS and n >= FEW_AMONG * cuts:
+        c.counter.append(f"{cuts} disconnect(s) among {n} requests, the rest served: a user who left, not an incident")
+        confidence = Confidence.LOW
     return c.finding(
         "Clients disconnected before their answers finished",
         "Clients closed the connection first (nginx 499 or 'client prematurely closed connection', a client "
         "cancel or its own read timeout); the engine aborted those requests and freed their blocks. Varied "
-        "durations point at people or client timeouts, not at the gateway." + spread, STEPS_CLIENT)
+        "durations point at people or client timeouts, not at the gateway." + spread, STEPS_CLIENT, confidence)
+
+
+def _most_in_one_file(cand) -> int:
+    """The most decisive lines any one file gave the candidate (each layer logs a disconnect once)."""
+    by_file: dict[str, int] = {}
+    for group in cand.evidence.groups.values():
+        if group.decisive:
+            by_file[group.file] = by_file.get(group.file, 0) + group.count
+    return max(by_file.values(), default=0)
 
 
 def _buffering_decisive(rule) -> str | None:

@@ -134,9 +134,12 @@ class FileParser(BlockReader):
             return [ev, *extra]
         inner = _envelope_text(obj)
         error = obj.get("error")
+        if not isinstance(error, str):  # (pino's "err": a string, or the error object with its message)
+            error = _error_message(obj.get("err"))
         if isinstance(error, str) and isinstance(inner, str) and error not in inner and not obj.get("log"):
             # a structured logger's message and its error field (zap, zerolog, slog: Caddy's "aborting with
-            # incomplete response" and "reading: context canceled", Traefik's "499 Client Closed Request")
+            # incomplete response" and "reading: context canceled", Traefik's "499 Client Closed Request";
+            # pino's err)
             inner = f'{inner} error="{error}"'
         if isinstance(inner, str):  # a collector's JSON envelope, structured app logs, API error bodies
             # the line inside is read as any line (an access line, another JSON line, a vLLM line), quoted whole

@@ -67,6 +67,8 @@ EXPLAINS = {
     "oom-kv-capacity": ("engine-crash", "stream-cut-gateway-timeout", "stream-cut-client-disconnect"),
     "oom-runtime": ("engine-crash", "stream-cut-gateway-timeout", "stream-cut-client-disconnect"),
     "engine-crash": ("stream-cut-gateway-timeout", "stream-cut-client-disconnect"),
+    # requests that waited in a queue beyond capacity outlast the gateway's timeout or the client's patience
+    "queue-backlog": ("stream-cut-gateway-timeout", "stream-cut-client-disconnect"),
 }
 
 

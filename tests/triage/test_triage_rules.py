@@ -284,6 +284,10 @@ def test_a_guessed_cause_still_precedes_its_symptom():
                     finding("driver-mismatch", Confidence.LOW)])
     assert [f.id for f in ordered] == ["oom-runtime", "engine-crash", "stream-cut-gateway-timeout", "cache-miss",
                                        "driver-mismatch"]
+    # requests queued beyond capacity are why the gateway timed them out and the clients gave up
+    ordered = rank([finding("stream-cut-gateway-timeout", Confidence.HIGH),
+                    finding("stream-cut-client-disconnect", Confidence.HIGH), finding("queue-backlog", Confidence.MEDIUM)])
+    assert [f.id for f in ordered] == ["queue-backlog", "stream-cut-gateway-timeout", "stream-cut-client-disconnect"]
 
 
 def _cache_state(rule: CacheRule) -> tuple:

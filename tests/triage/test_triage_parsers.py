@@ -78,6 +78,16 @@ def test_sglang_logged_request_is_a_prompt():
     assert ev.fields["prompt"].startswith("<|im_start|>system\\n[trace_id=") and ev.fields["prompt"].endswith("here.")
 
 
+def test_production_stack_router_line_is_a_routing_choice():
+    line = ("[2025-10-03 12:04:14,877] INFO: Routing request 7b3e9d10-2c44 with session id None to http://10.1.4.22:8000"
+            " at 1759493054.8772, process time = 0.0009 (request.py:600:vllm_router.services.request_service.request)")
+    [ev] = parse(line)
+    assert (ev.kind, ev.fields) == ("request.routed", {"request_id": "7b3e9d10-2c44", "client": None,
+                                                       "upstream_addr": "10.1.4.22:8000"})
+    [ev] = parse(line.replace("session id None", "session id user-42"))
+    assert ev.fields["client"] == "user-42"
+
+
 def test_nginx_upstreaminfo_access():
     line = ('127.0.0.1 - - [29/Nov/2026:19:40:01 +0000] "POST /v1/chat/completions HTTP/1.1" 499 0 "-" '
             '"python-requests/2.32.3" 412 59.012 [llm-engine] [] 127.0.0.1:8000 0 59.011 - 3f2a')

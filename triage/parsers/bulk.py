@@ -64,9 +64,8 @@ _ENVOY_VALUES = {key: re.compile(rf'"{key}":("[^"\n]*"|[^,}}\n]*)') for key in _
 # A literal each line of the form holds: a run without it has none of its lines (no findall then)
 _MARK = {"upstreaminfo": "] [", "nginx-kv": "] \"", "received": "Received request", "sglang-batch": " batch, ",
          "uvicorn": "INFO:", "sglang-uvicorn": "] INFO: ", "envoy-json": '"response_code":'}
-_SGL_COLUMNS = (("waiting", re.compile(r"#queue-req: (\d+)"), int),)
-# each batch line's token usage, after a prefill line's new and cached tokens (SGLang prints them so)
-_SGL_USAGE = re.compile(r"(?:#new-token: (\d+), #cached-token: (\d+), )?token usage: ([\d.]+)")
+_SGL_COLUMNS = (("waiting", re.compile(r"#queue-req: (\d+)"), int),
+                ("kv_usage", re.compile(r"token usage: ([\d.]+)"), float))
 
 
 class RunText:
@@ -338,15 +337,6 @@ def _sglang(run: Run, form: str, rows: list, text: RunText) -> Event | None:
             return None  # a field missing from a line, or in one twice: line by line
         converted = {value: conv(value) for value in set(values)}  # (a few distinct values, read once each)
         columns[key] = list(map(converted.__getitem__, values))
-    usage = text.findall(_SGL_USAGE)  # (a prefill line's new and cached tokens, "" on a decode line)
-    if len(usage) != len(rows):
-        return None
-    for key, group in (("new_tokens", 0), ("prefix_hit_tokens", 1), ("kv_usage", 2)):
-        values = list(map(itemgetter(group), usage))
-        converted = {value: (float(value) if group == 2 else int(value)) if value else None for value in set(values)}
-        columns[key] = list(map(converted.__getitem__, values))
-    if columns["prefix_hit_tokens"].count(None) != len(rows) - text.count("#cached-token: "):
-        return None  # (a prefill line whose tokens are printed otherwise: line by line)
     first, last = min(rows), max(rows)  # "YYYY-MM-DD HH:MM:SS" sorts as it reads
     return _totals(run, form, len(rows), parse_iso(first), parse_iso(last), {"columns": columns})
 

@@ -5,7 +5,7 @@ from collections import deque
 from collections.abc import Callable
 from functools import cache, partial
 from itertools import chain, compress, islice, repeat
-from operator import itemgetter, not_
+from operator import itemgetter
 
 from triage.model import Event, Finding
 from triage.rules import Candidate, Facts, Need, Rule, column, needs_of, request_ids_of
@@ -191,10 +191,6 @@ class CacheRule(Rule):
         self.samples: dict[tuple, list[Event]] = {}
         self.stats_high: list[float] = []
         self.stats_low: list[float] = []
-        # SGLang's prefill lines (no hit rate, tokens instead), by whether the KV pool was 90% used or more:
-        # [cached tokens, tokens looked up, prefill lines]; and the first of those at 90% or more
-        self.prefill_tokens = {False: [0, 0, 0], True: [0, 0, 0]}
-        self.prefill_full: list[Event] = []
         self.last_kv: float | None = None  # vLLM V0 logs its hit rate on a line of its own after the stats line
         self.stats_events: list[Event] = []
         # the highest hit rate while the KV cache had room, and the last: their events, or for rows read in
@@ -258,8 +254,6 @@ class CacheRule(Rule):
         """What _stats does for each row, a row's event made only where it is kept."""
         cols = ev.fields["columns"]
         rates, kvs = cols.get("prefix_hit_rate"), cols.get("kv_usage")
-        if "prefix_hit_tokens" in cols and kvs is not None:
-            self._prefill_totals(cols["prefix_hit_tokens"], cols["new_tokens"], kvs, ev.fields["event"])
         if kvs is not None:
             self.last_kv = next((kv for kv in reversed(kvs) if kv is not None), self.last_kv)
         if rates is None or kvs is None:
@@ -267,33 +261,6 @@ class CacheRule(Rule):
         make = ev.fields["event"]
         for row, (rate, kv) in enumerate(zip(rates, kvs, strict=True)):
             self._stat(rate, kv, cache(partial(make, row)))
-
-    def _prefill_totals(self, hits: list, new: list, kvs: list, make: Callable[[int], Event | None]) -> None:
-        """What _stats does for each of SGLang's prefill rows (their tokens None on a decode row): by C-level
-        passes, the rows at 90% token usage or more (few) one by one."""
-        full = list(map(float.__ge__, kvs, repeat(0.9)))
-        rows = len(hits) - hits.count(None)
-        if not any(full):
-            counts = self.prefill_tokens[False]
-            cached = sum(filter(None, hits))
-            counts[0] += cached
-            counts[1] += cached + sum(filter(None, new))
-            counts[2] += rows
-            return
-        for row in compress(range(len(hits)), full):
-            if hits[row] is not None:
-                counts = self.prefill_tokens[True]
-                counts[0] += hits[row]
-                counts[1] += hits[row] + new[row]
-                counts[2] += 1
-                if len(self.prefill_full) < 50 and (made := make(row)) is not None:
-                    self.prefill_full.append(made)
-        below = list(map(not_, full))
-        counts = self.prefill_tokens[False]
-        cached = sum(filter(None, compress(hits, below)))
-        counts[0] += cached
-        counts[1] += cached + sum(filter(None, compress(new, below)))
-        counts[2] += len(list(filter(lambda h: h is not None, compress(hits, below))))
 
     def _received_totals(self, ev: Event) -> None:
         """Each distinct logged prompt once, first seen first (a repeat changes nothing _prompt_text keeps)."""
@@ -420,14 +387,6 @@ class CacheRule(Rule):
             self.last_kv = kv
         if rate is not None and kv is not None:
             self._stat(rate, kv, ev)
-        elif kv is not None and (hit := f.get("prefix_hit_tokens")) is not None and (new := f.get("new_tokens")) is not None:
-            full = kv >= 0.9  # (SGLang's prefill line: the tokens it found cached, and the new ones)
-            counts = self.prefill_tokens[full]
-            counts[0] += hit
-            counts[1] += hit + new
-            counts[2] += 1
-            if full and len(self.prefill_full) < 50:
-                self.prefill_full.append(ev)
 
     def _stat(self, rate: float, kv: float, ev) -> None:
         """One stats line's hit rate and KV cache usage; ev: its event, or what makes it (memoised)."""
@@ -491,9 +450,6 @@ class CacheRule(Rule):
             return self.num_cached_tokens / self.num_prompt_tokens
         if self.metric_queries:
             return self.metric_hits / self.metric_queries
-        looked_up = self.prefill_tokens[False][1] + self.prefill_tokens[True][1]
-        if looked_up:
-            return (self.prefill_tokens[False][0] + self.prefill_tokens[True][0]) / looked_up
         rates = self.stats_high + self.stats_low  # vLLM's "Prefix cache hit rate" per stats interval
         return sum(rates) / len(rates) if rates else None
 

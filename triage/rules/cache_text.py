@@ -1,6 +1,6 @@
 """Cache-miss findings, one builder per cause, with their wording and next steps."""
 
-from triage.model import Confidence, Event, Finding
+from triage.model import Confidence, Finding
 
 LOW_HIT_RATE = 0.3  # as triage.rules.cache
 
@@ -12,9 +12,8 @@ STEPS = {
     "dynamic-prefix": ["move timestamps, request ids and user ids out of the start of the prompt (put them last)",
                        "keep the system prompt and tool list byte-identical and in a fixed order",
                        "verify: rate(llm_prefix_cache_hit_tokens_total[5m]) / rate(llm_prefix_cache_queried_tokens_total[5m])"],
-    "eviction": ["raise the KV budget (vLLM --gpu-memory-utilization / --kv-cache-memory, SGLang "
-                 "--mem-fraction-static) so cached blocks survive",
-                 "lower --max-num-seqs (SGLang --max-running-requests) so live requests hold fewer blocks",
+    "eviction": ["raise the KV budget (--gpu-memory-utilization / --kv-cache-memory) so cached blocks survive",
+                 "lower --max-num-seqs so live requests hold fewer blocks",
                  "compare hit rate with llm_kv_cache_usage_ratio over time"],
     "routing": ["route by prefix or session (consistent hashing on a session header: nginx hash $http_x_session_id consistent;)",
                 "or use a prefix-aware router in front of the replicas",
@@ -167,26 +166,14 @@ def finding_hit_rate_fell(rule, cand) -> Finding | None:
         "beginning: prefix caching matches from the first token).", STEPS["dynamic-prefix"], Confidence.LOW)
 
 
-def _eviction_rates(rule) -> tuple[float, float, list[Event]] | None:
-    """The hit rate with the KV cache 90% used or more and below, and the lines of the first: vLLM's stats
-    lines' rates (their mean), else SGLang's prefill lines' tokens (cached over looked up)."""
-    high, low = rule.stats_high, rule.stats_low
-    if len(high) >= 2 and low:
-        return sum(high) / len(high), sum(low) / len(low), rule.stats_events
-    (full_hits, full_looked, full_lines), (hits, looked, _) = rule.prefill_tokens[True], rule.prefill_tokens[False]
-    if full_lines >= 2 and full_looked and looked:
-        return full_hits / full_looked, hits / looked, rule.prefill_full
-    return None
-
-
 def finding_eviction(rule, cand) -> Finding | None:
-    rates = _eviction_rates(rule)
-    if rates is None:
+    high, low = rule.stats_high, rule.stats_low
+    if len(high) < 2 or not low:
         return None
-    mean_high, mean_low, lines = rates
+    mean_high, mean_low = sum(high) / len(high), sum(low) / len(low)
     if mean_low < 0.2 or mean_high >= 0.5 * mean_low:
         return None
-    for ev in lines:
+    for ev in rule.stats_events:
         cand.add(ev, "stats.hit_rate_low_when_kv_full", False)
     return cand.finding(
         TITLE + ": cached prefixes are evicted under memory pressure",

@@ -54,7 +54,7 @@ _LEVELS = {"TRACE", "DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL"}  # 
 _RANK = re.compile(r"^\[rank\d+\]: ?")
 # kubectl logs --prefix: "[pod/<pod>/<container>] "
 _KUBECTL_PREFIX = re.compile(r"^\[pod/[\w.-]+/[\w.-]+\] ")
-_KNOWN_START = re.compile(r"[{(\[]|\d|time=|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d |[IWEF]\d{4} ")
+_KNOWN_START = re.compile(r"[{(\[]|\d|time=|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)(?: \d\d-\d\d |: +)|[IWEF]\d{4} ")  # (": +": uvicorn's)
 
 
 def unwrap(line: str) -> tuple | None:

@@ -23,6 +23,17 @@ SEEDS = [
     "# TYPE llm_preemptions_total counter", 'llm_preemptions_total{model="m"} 5',
     "| NVIDIA-SMI 470.182.03   Driver Version: 470.182.03   CUDA Version: 11.4     |",
     "request_id,ttft_ms,e2e_ms",
+    "slot get_availabl: id  0 | task 412 | selected slot by lcs similarity, lcs_len = 3934, similarity = 0.972078",
+    "slot update_slots: id  0 | task 510 | kv cache rm [17, end)",
+    "[2026-09-03 08:15:20 DP0] Avg thr (in/out): 8120.4 / 377.9 tokens/s, Engine (running/waiting): 12 / 0, "
+    "KV cache: 14.6%, Prefix cache hit rate: 35.0%, ",
+    "      Started:      Wed, 02 Jul 2025 11:02:44 +0000", "      Finished:     Wed, 02 Jul 2025 20:41:09 +0000",
+    '            "StartedAt": "2024-10-21T05:00:11.123456789Z",', '        finishedAt: "2025-08-14T17:26:52Z"',
+    "[2025-10-03 12:04:14,877] INFO: Routing request 7b3e with session id None to http://10.1.4.22:8000 at 1.0",
+    "[2025-03-03 16:41:05] Receive: obj=GenerateReqInput(text='<|im_start|>system\\n[trace_id=77 ts=1.9]', "
+    "input_ids=None, rid='975')",
+    "< HTTP/2 524",
+    '{"level":50,"time":1743582677421,"err":{"type":"E","message":"422 Input validation error"},"msg":"failed"}',
 ]
 
 

@@ -65,7 +65,7 @@ _ENVOY_VALUES = {key: re.compile(rf'"{key}":("[^"\n]*"|[^,}}\n]*)') for key in _
 _MARK = {"upstreaminfo": "] [", "nginx-kv": "] \"", "received": "Received request", "sglang-batch": " batch, ",
          "uvicorn": "INFO:", "sglang-uvicorn": "] INFO: ", "envoy-json": '"response_code":'}
 _SGL_COLUMNS = (("waiting", re.compile(r"#queue-req: (\d+)"), int),
-                ("kv_usage", re.compile(r"token usage: ([\d.]+)"), float))
+                ("kv_usage", re.compile(r"token usage: (\d+(?:\.\d+)?)"), float))
 
 
 class RunText:

@@ -141,14 +141,14 @@ def split_envelope(line: str) -> tuple:
 _STATS_FIELDS = (
     ("running", re.compile(r"Running: (\d+) reqs"), int),
     ("waiting", re.compile(r"(?:Waiting|Pending): (\d+) reqs"), int),
-    ("kv_usage", re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache usage: ([\d.]+)%"), lambda v: float(v) / 100),
-    ("prefix_hit_rate", re.compile(r"Prefix cache hit rate: (?:GPU: )?([\d.]+)%"), lambda v: float(v) / 100),
+    ("kv_usage", re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache usage: (\d+(?:\.\d+)?)%"), lambda v: float(v) / 100),
+    ("prefix_hit_rate", re.compile(r"Prefix cache hit rate: (?:GPU: )?(\d+(?:\.\d+)?)%"), lambda v: float(v) / 100),
     ("preemptions", re.compile(r"Preemptions: (\d+)"), int),
 )
 _SGL_STATS = (
     ("running", re.compile(r"#running-req: (\d+)"), int),
     ("waiting", re.compile(r"#queue-req: (\d+)"), int),
-    ("kv_usage", re.compile(r"token usage: ([\d.]+)"), float),
+    ("kv_usage", re.compile(r"token usage: (\d+(?:\.\d+)?)"), float),
     ("prefix_hit_tokens", re.compile(r"#cached-token: (\d+)"), int),
     ("new_tokens", re.compile(r"#new-token: (\d+)"), int),
 )
@@ -160,8 +160,8 @@ LMDEPLOY_STATS_WORDS = "Avg thr (in/out)"
 _LMDEPLOY_STATS = (
     ("running", re.compile(r"Engine \(running/waiting\): (\d+) / \d+"), int),
     ("waiting", re.compile(r"Engine \(running/waiting\): \d+ / (\d+)"), int),
-    ("kv_usage", re.compile(r"KV cache: ([\d.]+)%"), lambda v: float(v) / 100),
-    ("prefix_hit_rate", re.compile(r"Prefix cache hit rate: ([\d.]+)%"), lambda v: float(v) / 100),
+    ("kv_usage", re.compile(r"KV cache: (\d+(?:\.\d+)?)%"), lambda v: float(v) / 100),
+    ("prefix_hit_rate", re.compile(r"Prefix cache hit rate: (\d+(?:\.\d+)?)%"), lambda v: float(v) / 100),
 )
 # vLLM V0 (0.4-0.7) logs its hit rate on a line of its own after each stats line:
 # "Prefix cache hit rate: GPU: 62.35%, CPU: 0.00%"
@@ -244,7 +244,7 @@ def container_time(msg: str) -> tuple[str, datetime] | None:
 SLOT_SELECTED_WORDS = "selected slot by lcs similarity"
 SLOT_KEPT_WORDS = "kv cache rm ["
 _SLOT_SELECTED = re.compile(r"\bid +(?P<slot>\d+) \| task -?\d+ \| selected slot by lcs similarity, "
-                            r"lcs_len = (?P<lcs>\d+), similarity = (?P<similarity>[\d.]+)")
+                            r"lcs_len = (?P<lcs>\d+), similarity = (?P<similarity>\d+(?:\.\d+)?)")
 _SLOT_KEPT = re.compile(r"\bid +(?P<slot>\d+) \| task -?\d+ \| kv cache rm \[(?P<kept>\d+), end\)")
 
 

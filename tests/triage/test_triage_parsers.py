@@ -88,6 +88,19 @@ def test_production_stack_router_line_is_a_routing_choice():
     assert ev.fields["client"] == "user-42"
 
 
+@pytest.mark.parametrize("latency, seconds", [("5.448915218s", 5.448915218), ("61.000µs", 61e-6), ("2.1ms", 0.0021),
+                                              ("1m0s", 60.0), ("1h2m3.5s", 3723.5)])
+def test_ollama_gin_access_line(latency, seconds):
+    """Ollama's Gin access line is an access event (the engine's own answer: no proxy's cut), its latency a Go
+    duration; a 500's line is read by the catalog as well."""
+    line = f'[GIN] 2026/02/17 - 09:04:28 | 500 | {latency:>14} |       10.4.0.22 | POST     "/api/chat"'
+    ev = parse(line)[0]
+    assert (ev.kind, ev.source, ev.fields["status"], ev.fields["path"], ev.fields["cut"]) == (
+        "http.access", "ollama", 500, "/api/chat", None)
+    assert ev.fields["duration_s"] == pytest.approx(seconds) and ev.ts == datetime(2026, 2, 17, 9, 4, 28)
+    assert [e.kind for e in parse(line)][1:] == (["gateway.client_closed"] if seconds >= 60 else [])
+
+
 def test_nginx_upstreaminfo_access():
     line = ('127.0.0.1 - - [29/Nov/2026:19:40:01 +0000] "POST /v1/chat/completions HTTP/1.1" 499 0 "-" '
             '"python-requests/2.32.3" 412 59.012 [llm-engine] [] 127.0.0.1:8000 0 59.011 - 3f2a')

@@ -85,6 +85,8 @@ class FileParser(BlockReader):
                               if e.kind == "queue.full")]
             if ev.source == "loadgen" and ev.fields.get("error"):
                 return [ev, *self._client_error_events(ev, lineno, line)]
+            if ev.source == "ollama" and ev.fields["status"] >= 500:  # (the catalog reads a 500's latency)
+                return [ev, *self._signature_events(ev.ts, line, ev.source, lineno, line)]
             return [ev]
         return self._text(lineno, line)
 
@@ -181,6 +183,8 @@ class FileParser(BlockReader):
         elif head in "hgw" and (ev := gateways.parse_alb(line, self.file, lineno)):
             return ev
         if "haproxy[" in line and (ev := gateways.parse_haproxy(line, self.file, lineno)):
+            return ev
+        if head == "[" and line.startswith(gateways.GIN_START) and (ev := gateways.parse_gin(line, self.file, lineno)):
             return ev
         if "INFO:" in line[:32] and (ev := gateways.parse_uvicorn(line, self.file, lineno)):
             return ev

@@ -73,6 +73,7 @@ MAKES = (
     ("http.access", "haproxy", ("haproxy[",), ()),
     ("http.access", "alb", (), (r"^(?:https?|h2|grpcs?|wss?) ",)),
     ("http.access", "uvicorn", ("INFO:",), ()),
+    ("http.access", "ollama", ("[GIN] ",), ()),
     ("http.access", "nginx-access", ('HTTP/1.1" ', 'HTTP/1.0" ', 'HTTP/2.0" ', 'HTTP/2" '), ()),  # any other format
 )
 
@@ -527,6 +528,33 @@ def parse_alb(line: str, file: str, lineno: int) -> Event | None:
               "bytes": int(m.group("tx")), "duration_s": total, "upstream_s": times[1],
               "upstream_addr": m.group("target") if m.group("target") != "-" else None}
     return _access(fields, "alb", parse_iso(m.group("ts")), file, lineno, line)
+
+
+# Ollama's access line, Gin's logger (gin-gonic/gin logger.go defaultLogFormatter): "[GIN] 2026/02/17 - 09:04:28 |
+# 200 |  5.448915218s |       10.4.0.22 | POST     \"/api/chat\"", its latency a Go duration (61.000µs, 2.1ms, 1m0s)
+GIN_START = "[GIN] "
+_GIN = re.compile(r'\[GIN\] (?P<ts>\d{4}/\d\d/\d\d) - (?P<hms>\d\d:\d\d:\d\d) \| (?P<status>\d{3}) \|\s*(?P<latency>[\d.hmsuµn]+) \|'
+                  r'\s*(?P<client>\S+) \| (?P<method>[A-Z]+)\s+"(?P<path>[^"\s]*)"')
+_GO_UNIT = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|µs|us|ns)")
+_GO_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9}
+
+
+def go_duration(text: str) -> float | None:
+    """Seconds of a Go duration's text ("1m0.5s", "5.4s", "61.000µs"), None when it is not one."""
+    parts = _GO_UNIT.findall(text)
+    if not parts or "".join(value + unit for value, unit in parts) != text:
+        return None
+    return sum(float(value) * _GO_SECONDS[unit] for value, unit in parts)
+
+
+def parse_gin(line: str, file: str, lineno: int) -> Event | None:
+    m = _GIN.match(line)
+    if m is None:
+        return None
+    fields = {"client": m.group("client"), "request": f"{m.group('method')} {m.group('path')}",
+              "status": int(m.group("status")), "bytes": None, "duration_s": go_duration(m.group("latency")),
+              "upstream_s": None, "upstream_addr": None, "cut": None}  # (the engine's own answers: no proxy's cut)
+    return _access(fields, "ollama", parse_slash(f"{m.group('ts')} {m.group('hms')}"), file, lineno, line)
 
 
 def parse_uvicorn(line: str, file: str, lineno: int) -> Event | None:

@@ -1,5 +1,6 @@
 """Parsers: each real format recognised from content, with the fields rules depend on."""
 
+import json
 from datetime import datetime
 
 import pytest
@@ -99,6 +100,20 @@ def test_ollama_gin_access_line(latency, seconds):
         "http.access", "ollama", 500, "/api/chat", None)
     assert ev.fields["duration_s"] == pytest.approx(seconds) and ev.ts == datetime(2026, 2, 17, 9, 4, 28)
     assert [e.kind for e in parse(line)][1:] == (["gateway.client_closed"] if seconds >= 60 else [])
+
+
+def test_a_log_line_as_a_member_of_pretty_printed_json_is_read_as_the_line():
+    """A Kibana or CloudWatch export's document, pretty-printed: the member that holds the log line is decoded
+    (an Envoy JSON access line inside it, escaped) and read as the line itself, quoted whole."""
+    inner = ('{"start_time":"2025-10-21T16:04:44.000Z","method":"POST","x-envoy-origin-path":"/v1/chat/completions",'
+             '"response_code":200,"response_flags":"UT","duration":15001,"upstream_host":"10.244.3.17:8000"}')
+    line = '      "message": ' + json.dumps(inner) + ","
+    [ev] = parse(line)
+    assert (ev.kind, ev.source, ev.fields["status"], ev.fields["cut"], ev.text) == (
+        "http.access", "envoy", 200, "timeout", line)
+    vllm = '  "_raw": "(APIServer pid=1) INFO 10-21 16:04:59 [async_llm.py:494] Aborted request(s) chatcmpl-a6."'
+    [ev] = parse(vllm)
+    assert (ev.kind, ev.source, ev.fields["request_ids"]) == ("request.aborted", "vllm", ["chatcmpl-a6"])
 
 
 def test_nginx_upstreaminfo_access():

@@ -40,6 +40,9 @@ def _loads_line(line: str):
     return obj
 
 
+# A member of pretty-printed JSON whose key holds a log line (the collectors' and exports' keys, Splunk's _raw)
+_MEMBER = re.compile(r'^\s*"(?:message|log|msg|MESSAGE|textPayload|line|@message|_raw)"\s*:\s*(?P<value>"(?:[^"\\]|\\.)*")'
+                     r'\s*,?\s*$')
 _EVERYTHING: list[Wanted] = []  # Wanted() for parsers made alone, built at the first one (not at import)
 
 
@@ -61,6 +64,15 @@ class FileParser(BlockReader):
             return []
         self.line = line
         head = line[0]
+        if head in ' \t"' and '": "' in line[:48] and (m := _MEMBER.match(line)):
+            # a log line as one member of pretty-printed JSON (a Kibana or CloudWatch export, docker inspect):
+            # the string decoded and read as a line, quoted whole
+            try:
+                inner = json.loads(m.group("value"))
+            except ValueError:
+                inner = None
+            if isinstance(inner, str) and "\n" not in inner:
+                return self._unwrapped(lineno, line, None, inner)
         # The bulk of a large access log, straight to its parser: exactly what _structured would reach (a
         # line in a collector's envelope never matches: its stamp or head is no address followed by two fields
         # and a bracket)

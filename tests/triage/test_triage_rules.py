@@ -173,6 +173,18 @@ def test_one_or_two_disconnects_among_many_served_requests_are_a_hint(served, cu
     assert finding.confidence == confidence
 
 
+@pytest.mark.parametrize("requests, phase", [
+    ([("POST", "/api/chat", 200)], "oom-runtime"),  # a model answered: it was serving when the kernel killed it
+    ([("HEAD", "/", 200), ("GET", "/api/tags", 200)], "oom-weights"),  # answered while no model ran: guessed
+    ([("POST", "/api/chat", 500)], "oom-weights"),
+])
+def test_ollama_requests_answered_before_a_host_oom_kill_place_it(requests, phase):
+    events = [event("http.access", t=float(k), source="ollama", status=status, method=method, path=path)
+              for k, (method, path, status) in enumerate(requests)]
+    events.append(event("oom.host", t=30.0, source="kernel", signature="kernel-memcg-oom"))
+    assert [f.id for f in run(events) if f.id.startswith("oom")] == [phase]
+
+
 def test_request_times_past_the_bound_count_alike_one_by_one_and_in_bulk():
     """At 10,000 distinct tenths of a second of request times, a time already counted still counts and a new
     one does not, whether access lines come one by one or as a run's totals."""

@@ -4,7 +4,7 @@ import re
 from bisect import bisect_right
 
 from triage.model import Confidence, Event, Finding
-from triage.rules import Candidate, Facts, Rule, needs_of, request_ids_of
+from triage.rules import Candidate, Facts, Need, Rule, needs_of, request_ids_of
 
 WEIGHT_FRAMES = frozenset({
     "load_weights", "load_model", "_load_model", "from_pretrained", "load_state_dict", "safe_open",
@@ -28,6 +28,7 @@ MAX_TIMELINE = 10_000  # phase changes kept for placing host OOM kills
 # A container killed for memory after running this long was serving: a start-up (weights loaded, the KV
 # cache set up, kernels compiled) takes minutes, tens of minutes for the largest models from network storage.
 SERVING_AFTER_S = 3600.0
+_OLLAMA_GENERATION = ("/api/chat", "/api/generate", "/api/embed", "/v1/")  # (not /api/tags, /api/ps, HEAD /)
 RAN_NEAR_LINES = 8  # a container's Started/Finished lines this near its OOMKilled line are of its run
 MAX_RUNS = 100
 _FUNC = re.compile(r"in (\w+)\n")
@@ -85,7 +86,9 @@ class MemoryRule(Rule):
         ("oom.cuda", "oom.host", "oom.kv_capacity", "oom.weights", "driver.mismatch", "engine.error",
          "engine.startup", "engine.stats", "phase.weights_loading", "phase.weights_loaded", "phase.kv_setup",
          "phase.serving", "phase.start_failed", "gpu.driver", "cuda.runtime", "gpu.memory", "request.finished",
-         "metric", "engine.stats.totals", "request.finished.totals", "container.ran"))
+         "metric", "engine.stats.totals", "request.finished.totals", "container.ran", "http.access",
+         "http.access.totals"),
+        http_access=Need("http.access", not_from=("engine-json",)))
 
     def __init__(self):
         self.cands = {fid: Candidate(fid) for fid in (*PHASE_TO_ID.values(), "driver-mismatch")}
@@ -110,7 +113,8 @@ class MemoryRule(Rule):
                  "driver.mismatch": self._driver_mismatch, "oom.kv_capacity": self._kv_capacity,
                  "engine.error": self._engine_error, "gpu.driver": self._gpu_driver,
                  "cuda.runtime": self._cuda_runtime, "gpu.memory": self._gpu_memory, "metric": self._metric,
-                 "container.ran": self._container_ran}
+                 "container.ran": self._container_ran, "http.access": self._access,
+                 "http.access.totals": self._access_totals}
         for kind in ("oom.cuda", "oom.host", "oom.weights"):
             table[kind] = self._oom_line
         for kind in ("phase.weights_loading", "phase.weights_loaded", "phase.kv_setup", "phase.serving",
@@ -162,6 +166,18 @@ class MemoryRule(Rule):
     def _gpu_memory(self, ev: Event) -> None:
         if ev.fields["ratio"] >= 0.95:
             self.gpu_full = ev
+
+    def _access(self, ev: Event) -> None:
+        """Ollama's access line of a generation it answered: a model was loaded and serving then (its log has
+        no other line that says so while it serves). Other access lines tell nothing of the engine's phase:
+        a gateway's may be another replica's, a health check answers while weights load."""
+        f = ev.fields
+        if (ev.source == "ollama" and 200 <= f["status"] < 300 and f.get("method") == "POST"
+                and f.get("path", "").startswith(_OLLAMA_GENERATION) and self.file_phase.get(ev.file) != "runtime"):
+            self._phase(Event(ev.ts, ev.source, "phase.serving", {}, ev.file, ev.line, ev.text))
+
+    def _access_totals(self, ev: Event) -> None:
+        """Access lines read in bulk: none is Ollama's (its lines are read one by one), so nothing to mark."""
 
     def _container_ran(self, ev: Event) -> None:
         if len(self.runs) < MAX_RUNS:

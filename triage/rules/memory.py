@@ -54,8 +54,8 @@ EXPLAIN = {
                        "out-of-memory-looking ones, are symptoms.",
 }
 HOST_NOTE = " Here host memory ran out (the kernel's OOM killer or a container limit, exit code 137), not the GPU"
-HOST_PEAK = {"oom-weights": ": staging weights in CPU memory is the usual peak.",
-             "oom-kv-capacity": ": staging weights in CPU memory is the usual peak.",
+_STAGING_PEAK = ": staging weights in CPU memory is the usual peak."
+HOST_PEAK = {"oom-weights": _STAGING_PEAK, "oom-kv-capacity": _STAGING_PEAK,
              "oom-runtime": ": at run time the host side grows with the requests in flight (their inputs, images, "
                             "responses), CPU swap or offload space, and any leak over hours."}
 HOST_RUNTIME_STEP = "graph the container's memory (container_memory_working_set_bytes) over the hours before the " \

@@ -3,10 +3,10 @@
 from triage.model import Confidence, Finding
 
 BUFFER_MIN_GAP_S = 0.25  # client TTFT this much above the engine's, and
-BUFFER_MIN_RATIO = 3.0
-RARE_DISCONNECT_SHARE = 0.01
+BUFFER_MIN_RATIO = 3.0  # this many times it, means something between them held the tokens back
+RARE_DISCONNECT_SHARE = 0.01  # disconnects under this share of 100 requests or more: no finding
 FEW_DISCONNECTS = 2  # this many disconnects or fewer, among at least FEW_AMONG times as many requests served: a
-FEW_AMONG = 8  # user who left (a hint), not an incident  # this many times it, means something between them held the tokens back
+FEW_AMONG = 8  # user who left (a hint), not an incident
 
 STEPS_CRASH = [
     "read the engine log just before the first connection refused: the fatal error and its traceback",
